@@ -1,0 +1,68 @@
+# kube-ddp developer entry points. `make demo` and `make test` are the README's two commands;
+# everything they need is installed here: uv (pinned, into a cache outside the repo), then the
+# workspace into .venv. The control plane binaries are built by hack/dev-cluster.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+CACHE_DIR ?= $(HOME)/.cache/kube-ddp
+UV_VERSION := 0.13.8
+UV_HOME := $(CACHE_DIR)/uv-$(UV_VERSION)
+UV := $(UV_HOME)/bin/uv
+export UV_CACHE_DIR ?= $(CACHE_DIR)/uv-cache
+export UV_PYTHON_DOWNLOADS := never
+VENV := .venv
+PY := $(VENV)/bin/python
+SYNCED := $(VENV)/.synced
+
+.PHONY: help venv test lint fmt crds demo bench cluster-up cluster-down cluster-status clean
+
+help:
+	@echo "make demo            train a 2-process DDP job on CPU (digits), no download"
+	@echo "make test            lint + all test tiers (unit, trainer, cluster)"
+	@echo "make lint            ruff, mypy, hadolint"
+	@echo "make crds            regenerate manifests/crd.yaml from the API models"
+	@echo "make bench           benchmarks (results: docs/BENCHMARKS.md)"
+	@echo "make cluster-up      start the local control plane (etcd, apiserver, kwok, ...)"
+	@echo "make cluster-down    stop it; make cluster-status shows it"
+
+$(UV):
+	python3 -m venv $(UV_HOME)
+	$(UV_HOME)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+venv: $(SYNCED)
+$(SYNCED): $(UV) pyproject.toml uv.lock operator/pyproject.toml trainer_image/pyproject.toml
+	$(UV) sync --frozen --all-packages --python python3
+	touch $@
+
+uv.lock: pyproject.toml operator/pyproject.toml trainer_image/pyproject.toml | $(UV)
+	$(UV) lock --python python3
+	touch $@
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy operator/kube_ddp trainer_image/ddp_trainer
+	$(VENV)/bin/hadolint Dockerfile trainer_image/Dockerfile
+
+fmt: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test: lint
+	$(PY) -m pytest
+
+crds: venv
+	$(VENV)/bin/kube-ddp crd > manifests/crd.yaml
+
+demo: venv
+	$(PY) -m ddp_trainer.demo
+
+bench: venv
+	$(PY) -m benchmarks
+
+cluster-up cluster-down cluster-status: venv
+	$(PY) hack/dev-cluster.py $(@:cluster-%=%)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

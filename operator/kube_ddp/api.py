@@ -1,0 +1,595 @@
+"""The DDPTrainingJob API: pydantic models of the spec and status, the single source of truth.
+
+The CRD schema is generated from these models (kube_ddp.crd), and the same models validate a
+job file for `kube-ddp render` and `kube-ddp run`. Cross-field rules are `Rule`s: each carries
+its CEL expression for the API server and the same check in Python, side by side, so a job
+the server rejects is also rejected locally with the same words.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from ddp_trainer.options import TrainerOptions
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from kube_ddp import names
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule: `cel` for the API server, `holds` for Python, one message for both.
+
+    `message` may name attributes as `{self.field}`; the server then needs the same text as
+    a CEL `message_expression`. A rule `on` a field applies to that field's value (a map, say)
+    rather than to the whole model.
+    """
+
+    cel: str
+    message: str
+    holds: Callable[[Any], bool]
+    message_expression: str | None = None
+    on: str | None = None
+
+    def to_cel(self) -> dict[str, str]:
+        if self.message_expression:
+            return {"rule": self.cel, "messageExpression": self.message_expression}
+        return {"rule": self.cel, "message": self.message}
+
+
+class Model(BaseModel):
+    """camelCase in YAML, unknown keys refused, and `RULES` checked after field validation."""
+
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
+    )
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Any:
+        for rule in self.RULES:
+            if not rule.holds(getattr(self, rule.on) if rule.on else self):
+                raise ValueError(rule.message.format(self=self))
+        return self
+
+
+AcceleratorType = Literal["nvidia", "gaudi", "amd", "cpu"]
+ACCELERATOR_RESOURCES: dict[str, str] = {
+    "nvidia": "nvidia.com/gpu",
+    "gaudi": "habana.ai/gaudi",
+    "amd": "amd.com/gpu",
+}
+ACCELERATOR_BACKENDS: dict[str, str] = {
+    "nvidia": "nccl",
+    "gaudi": "hccl",
+    "amd": "nccl",
+    "cpu": "gloo",
+}
+MAX_NODES = 1024
+# `<name>-worker-<index>` must stay a 63-character DNS label (hostname) for up to 1024 nodes.
+MAX_NAME_LENGTH = 63 - len("-worker-") - len(str(MAX_NODES - 1))
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
+Quantity = Annotated[int | str, Field(pattern=QUANTITY_PATTERN)]
+FreeForm = dict[str, Any]
+
+
+def _cel_list(values: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+class Accelerator(Model):
+    """Which accelerator each worker node runs on, and how many per node."""
+
+    RULES = (
+        Rule(
+            cel="self.type == 'cpu' || has(self.perNode)",
+            message="perNode is required for accelerator type {self.type}: "
+            "set accelerator.perNode to the devices each worker pod gets",
+            message_expression="'perNode is required for accelerator type ' + self.type + "
+            "': set accelerator.perNode to the devices each worker pod gets'",
+            holds=lambda a: a.type == "cpu" or a.per_node is not None,
+        ),
+    )
+
+    type: AcceleratorType = Field(
+        "cpu",
+        description="nvidia (nvidia.com/gpu, nccl), gaudi (habana.ai/gaudi, hccl), "
+        "amd (amd.com/gpu, nccl/RCCL) or cpu (gloo).",
+    )
+    per_node: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Accelerators per worker pod; required unless type is cpu.",
+    )
+
+    @property
+    def resource(self) -> str | None:
+        return ACCELERATOR_RESOURCES.get(self.type)
+
+
+class ElasticPolicy(Model):
+    """torchrun elastic training: the group may run with any node count in [minNodes, maxNodes]."""
+
+    RULES = (
+        Rule(
+            cel="self.minNodes <= self.maxNodes",
+            message="minNodes ({self.min_nodes}) must not exceed maxNodes ({self.max_nodes})",
+            message_expression="'minNodes (' + string(self.minNodes) + ') must not exceed "
+            "maxNodes (' + string(self.maxNodes) + ')'",
+            holds=lambda e: e.min_nodes <= e.max_nodes,
+        ),
+    )
+
+    min_nodes: int = Field(ge=1, le=MAX_NODES, description="Fewest nodes the job runs with.")
+    max_nodes: int = Field(ge=1, le=MAX_NODES, description="Most nodes the job runs with.")
+    max_restarts: int = Field(
+        3, ge=0, description="Restarts torchrun itself makes (--max-restarts) before failing."
+    )
+
+
+class MPIOptions(Model):
+    """How the MPI launcher maps processes (launcher: mpi)."""
+
+    sockets_per_node: int = Field(
+        2, ge=1, description="CPU sockets per node; ranks are spread evenly over them."
+    )
+    cores_per_process: int = Field(
+        6,
+        ge=1,
+        description="Physical cores bound to each process (mpirun --map-by ...:PE=<n>); "
+        "cores per socket divided by accelerators per socket.",
+    )
+    map_by: str | None = Field(
+        None,
+        description="The whole --map-by value, replacing ppr:<per socket>:socket:PE=<cores>.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list, description="More mpirun arguments, placed before the program."
+    )
+
+
+class RunPolicy(Model):
+    """How failures, time limits and clean-up are handled (Kubeflow's runPolicy vocabulary)."""
+
+    backoff_limit: int = Field(
+        3, ge=0, description="Group restarts allowed before the job is marked Failed."
+    )
+    restart_policy: Literal["OnFailure", "ExitCode", "Never"] = Field(
+        "ExitCode",
+        description="Which worker failures restart the group: ExitCode (eviction, deletion, "
+        "node loss, exit codes >= 128 or listed in retryableExitCodes), OnFailure (any failure) "
+        "or Never (the first failure fails the job).",
+    )
+    retryable_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
+        default_factory=list,
+        description="Exit codes below 128 that still count as retryable under ExitCode.",
+    )
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="Fail the job (DeadlineExceeded) this long after it started."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the job this long after it Succeeded or Failed."
+    )
+    clean_pod_policy: Literal["Running", "All", "None"] = Field(
+        "Running",
+        description="Pods removed when the job finishes: Running (those still running), "
+        "All, or None.",
+    )
+    suspend: bool = Field(
+        False,
+        description="Suspended: the pods are removed and the job is kept; false again "
+        "recreates them without counting a restart (the Kueue contract).",
+    )
+
+
+class EnvVar(Model):
+    """An environment variable for every worker container (Kubernetes EnvVar)."""
+
+    RULES = (
+        Rule(
+            cel=f"!(self.name in {_cel_list(names.RESERVED_ENV)})",
+            message="{self.name} is reserved: kube-ddp sets it on every worker "
+            "(the env contract); remove it from spec.env",
+            message_expression="self.name + ' is reserved: kube-ddp sets it on every worker "
+            "(the env contract); remove it from spec.env'",
+            holds=lambda e: e.name not in names.RESERVED_ENV,
+        ),
+        Rule(
+            cel="!(has(self.value) && has(self.valueFrom))",
+            message="set value or valueFrom, not both",
+            holds=lambda e: not (e.value is not None and e.value_from is not None),
+        ),
+    )
+
+    name: str = Field(
+        min_length=1, max_length=256, pattern=r"^[^=]+$", description="Variable name."
+    )
+    value: str | None = Field(None, description="Literal value.")
+    value_from: FreeForm | None = Field(
+        None, description="Source of the value (secretKeyRef, configMapKeyRef, fieldRef, ...)."
+    )
+
+
+def _no_accelerator_keys(resources: dict[str, Any]) -> bool:
+    return not set(resources) & set(ACCELERATOR_RESOURCES.values())
+
+
+_CEL_ACCELERATOR_KEYS = _cel_list(list(ACCELERATOR_RESOURCES.values()))
+
+
+class Resources(Model):
+    """Container resources, merged with the accelerator's (which the operator owns)."""
+
+    RULES = tuple(
+        Rule(
+            cel=f"!has(self.{key}) || self.{key}.all(k, !(k in {_CEL_ACCELERATOR_KEYS}))",
+            message=f"accelerator devices in resources.{key} are set by the operator: "
+            "use accelerator.type and accelerator.perNode instead",
+            holds=lambda r, key=key: _no_accelerator_keys(getattr(r, key)),
+        )
+        for key in ("limits", "requests")
+    )
+
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, description="Limits, e.g. cpu: 8, memory: 64Gi."
+    )
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description="Requests, e.g. cpu: 8, memory: 64Gi."
+    )
+
+
+class PodTemplateOverrides(Model):
+    """Pod settings merged into every worker pod; the operator's own fields are kept."""
+
+    RULES = (
+        Rule(
+            cel=f"self.all(k, !(k in {_cel_list(names.OWNED_LABELS)}))",
+            message="labels "
+            + ", ".join(names.OWNED_LABELS)
+            + " are set by the operator; choose other label keys",
+            holds=lambda labels: not set(labels) & set(names.OWNED_LABELS),
+            on="labels",
+        ),
+    )
+
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels for worker pods."
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Extra annotations for worker pods."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node selector for worker pods."
+    )
+    tolerations: list[FreeForm] = Field(
+        default_factory=list, description="Tolerations, added to the accelerator's."
+    )
+    affinity: FreeForm | None = Field(None, description="Pod affinity (Kubernetes Affinity).")
+    volumes: list[FreeForm] = Field(default_factory=list, description="Extra pod volumes.")
+    volume_mounts: list[FreeForm] = Field(
+        default_factory=list, description="Extra mounts in the trainer container."
+    )
+    priority_class_name: str | None = Field(None, description="PriorityClass of worker pods.")
+    scheduler_name: str | None = Field(
+        None, description="Scheduler for worker pods (e.g. volcano for gang scheduling)."
+    )
+    service_account_name: str | None = Field(
+        None, description="ServiceAccount for worker pods."
+    )
+    security_context: FreeForm | None = Field(
+        None, description="Pod security context (Kubernetes PodSecurityContext)."
+    )
+
+
+def _nproc_fits(spec: DDPTrainingJobSpec) -> bool:
+    per_node = spec.accelerator.per_node
+    return (
+        spec.accelerator.type == "cpu"
+        or spec.nproc_per_node is None
+        or per_node is None
+        or spec.nproc_per_node <= per_node
+    )
+
+
+def _backend_fits(spec: DDPTrainingJobSpec) -> bool:
+    accelerator = spec.accelerator.type
+    return not (
+        (spec.backend == "hccl" and accelerator != "gaudi")
+        or (spec.backend == "nccl" and accelerator not in ("nvidia", "amd"))
+    )
+
+
+class DDPTrainingJobSpec(Model):
+    """A PyTorch DDP training job: N worker pods, each running nprocPerNode processes."""
+
+    RULES = (
+        Rule(
+            cel="!has(self.elastic) || "
+            "(self.elastic.minNodes <= self.nodes && self.nodes <= self.elastic.maxNodes)",
+            message="nodes must lie within elastic.minNodes..elastic.maxNodes",
+            holds=lambda s: s.elastic is None
+            or s.elastic.min_nodes <= s.nodes <= s.elastic.max_nodes,
+        ),
+        Rule(
+            cel="!has(self.elastic) || self.launcher != 'mpi'",
+            message="elastic is not supported with launcher mpi: use launcher torchrun "
+            "or remove elastic",
+            holds=lambda s: s.elastic is None or s.launcher != "mpi",
+        ),
+        Rule(
+            cel="!has(self.mpi) || self.launcher == 'mpi'",
+            message="mpi settings are only read with launcher mpi: set launcher: mpi "
+            "or remove mpi",
+            holds=lambda s: s.mpi is None or s.launcher == "mpi",
+        ),
+        Rule(
+            cel="!has(self.args) || has(self.command)",
+            message="args needs command: set command to your program, or use trainer "
+            "for the built-in entrypoint",
+            holds=lambda s: s.args is None or s.command is not None,
+        ),
+        Rule(
+            cel="!(has(self.command) && has(self.trainer))",
+            message="set either command (your own program) or trainer (the built-in "
+            "entrypoint's options), not both",
+            holds=lambda s: not (s.command is not None and s.trainer is not None),
+        ),
+        Rule(
+            cel="!has(self.nprocPerNode) || self.accelerator.type == 'cpu' || "
+            "!has(self.accelerator.perNode) || self.nprocPerNode <= self.accelerator.perNode",
+            message="nprocPerNode must not exceed accelerator.perNode: "
+            "one process per accelerator",
+            holds=_nproc_fits,
+        ),
+        Rule(
+            cel="!((self.backend == 'hccl' && self.accelerator.type != 'gaudi') || "
+            "(self.backend == 'nccl' && !(self.accelerator.type in ['nvidia', 'amd'])))",
+            message="backend {self.backend} does not run on accelerator "
+            "{self.accelerator.type}: use backend auto",
+            message_expression="'backend ' + self.backend + ' does not run on accelerator ' + "
+            "self.accelerator.type + ': use backend auto'",
+            holds=_backend_fits,
+        ),
+    )
+
+    nodes: int = Field(ge=1, le=MAX_NODES, description="Worker pods, one per node.")
+    accelerator: Accelerator = Field(
+        default_factory=Accelerator, description="The accelerator of each worker node."
+    )
+    nproc_per_node: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="Processes per worker pod; defaults to accelerator.perNode, 1 for cpu.",
+    )
+    launcher: Literal["torchrun", "mpi"] = Field(
+        "torchrun",
+        description="torchrun: one pod per node, torchrun in each; mpi: a Kubeflow MPIJob "
+        "whose launcher runs mpirun (the Gaudi/Horovod way).",
+    )
+    backend: Literal["auto", "nccl", "hccl", "gloo"] = Field(
+        "auto",
+        description="torch.distributed backend; auto picks nccl (nvidia, amd), hccl (gaudi) "
+        "or gloo (cpu).",
+    )
+    port: int = Field(29500, ge=1024, le=65535, description="Rendezvous port on worker 0.")
+    image: str | None = Field(
+        None,
+        min_length=1,
+        description="Worker image; the operator's default trainer image when unset.",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        None, description="Image pull policy of the worker containers."
+    )
+    trainer: TrainerOptions | None = Field(
+        None,
+        description="Options of the built-in trainer (python -m ddp_trainer); each key is "
+        "its --kebab-case flag.",
+    )
+    command: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="Your own program instead of the trainer; the env contract still applies.",
+    )
+    args: list[str] | None = Field(None, description="Arguments to command.")
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        description="Extra environment for the workers; the env contract's names are reserved.",
+    )
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="Container resources, merged with the accelerator's.",
+    )
+    template: PodTemplateOverrides = Field(
+        default_factory=PodTemplateOverrides,
+        description="Worker pod settings: labels, annotations, volumes, volumeMounts, "
+        "nodeSelector, tolerations, affinity, priorityClassName, schedulerName, "
+        "serviceAccountName, securityContext.",
+    )
+    elastic: ElasticPolicy | None = Field(
+        None, description="Elastic training with torchrun (node count within a range)."
+    )
+    mpi: MPIOptions | None = Field(None, description="Process mapping of the mpi launcher.")
+    run_policy: RunPolicy = Field(
+        default_factory=RunPolicy, description="Restarts, deadlines and clean-up."
+    )
+
+    @property
+    def procs_per_node(self) -> int:
+        if self.nproc_per_node is not None:
+            return self.nproc_per_node
+        if self.accelerator.type == "cpu":
+            return 1
+        return self.accelerator.per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def effective_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return ACCELERATOR_BACKENDS[self.accelerator.type]
+
+
+# --- status -------------------------------------------------------------------------------
+
+Phase = Literal["Pending", "Starting", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
+ConditionType = Literal[
+    "Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Schedulable"
+]
+
+
+class StatusModel(Model):
+    """Status is written by the operator and by the trainer; tolerate keys of other versions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class Condition(StatusModel):
+    """A Kubernetes-style condition."""
+
+    type: ConditionType = Field(description="Condition type.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str | None = Field(None, description="One-word CamelCase reason.")
+    message: str | None = Field(None, description="Human-readable details.")
+    last_transition_time: datetime | None = Field(
+        None, description="When the status last changed."
+    )
+
+
+class WorkerCounts(StatusModel):
+    """Worker pods of the current attempt, by phase."""
+
+    total: int = Field(0, description="Worker pods the job runs.")
+    pending: int = Field(0, description="Pods not yet running.")
+    running: int = Field(0, description="Pods running.")
+    succeeded: int = Field(0, description="Pods that exited 0.")
+    failed: int = Field(0, description="Pods that failed.")
+
+
+class Failure(StatusModel):
+    """The first failure of the last attempt."""
+
+    pod: str | None = Field(None, description="The failed worker pod.")
+    exit_code: int | None = Field(None, description="Its exit code, if it ran.")
+    reason: str | None = Field(None, description="Why it failed (Error, OOMKilled, Evicted...).")
+    message: str | None = Field(None, description="Details.")
+
+
+class TrainingProgress(StatusModel):
+    """Live progress, reported by rank 0 of the trainer after each epoch."""
+
+    epoch: int | None = Field(None, description="Epochs completed.")
+    epochs: int | None = Field(None, description="Epochs planned.")
+    loss: float | None = Field(None, description="Training loss of the last epoch.")
+    val_accuracy: float | None = Field(None, description="Validation accuracy (0-1).")
+    best_val_accuracy: float | None = Field(None, description="Best validation accuracy so far.")
+    images_per_sec: float | None = Field(None, description="Training throughput, all ranks.")
+    updated_at: datetime | None = Field(None, description="When rank 0 last reported.")
+
+
+class JobStatus(StatusModel):
+    """Observed state of a DDPTrainingJob."""
+
+    phase: Phase | None = Field(
+        None,
+        description="Pending, Starting, Running, Restarting, Succeeded, Failed or Suspended.",
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Created, Running, Restarting, Succeeded, Failed, "
+        "Suspended and Schedulable conditions.",
+    )
+    workers: WorkerCounts | None = Field(None, description="Worker pods by phase.")
+    restarts: int = Field(0, description="Group restarts so far.")
+    start_time: datetime | None = Field(None, description="When the job was first started.")
+    completion_time: datetime | None = Field(None, description="When the job finished.")
+    observed_generation: int | None = Field(
+        None, description="The spec generation this status reflects."
+    )
+    failure: Failure | None = Field(None, description="The first failure of the last attempt.")
+    training: TrainingProgress | None = Field(
+        None, description="Training progress reported by the trainer."
+    )
+
+
+# --- the whole object -----------------------------------------------------------------------
+
+
+class ObjectMeta(BaseModel):
+    """The metadata a job file needs; other Kubernetes metadata passes through untouched."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+    uid: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class DDPTrainingJob(Model):
+    """A DDPTrainingJob object as found in a job file or read from the API server."""
+
+    RULES = (
+        Rule(
+            cel=f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && "
+            f"self.metadata.name.matches('{NAME_PATTERN}')",
+            message=f"metadata.name must be a DNS label of at most {MAX_NAME_LENGTH} "
+            "characters (lower-case letters, digits and '-', starting with a letter) so that "
+            "the worker hostnames fit",
+            holds=lambda job: len(job.metadata.name) <= MAX_NAME_LENGTH
+            and re.fullmatch(NAME_PATTERN, job.metadata.name) is not None,
+        ),
+    )
+
+    api_version: Literal["kubeddp.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["DDPTrainingJob"]
+    metadata: ObjectMeta
+    spec: DDPTrainingJobSpec
+    status: JobStatus | None = None
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace or "default"
+
+
+def load_job(document: Any, namespace: str | None = None) -> DDPTrainingJob:
+    """Validate one parsed document as a DDPTrainingJob, optionally placing it in `namespace`."""
+    job = DDPTrainingJob.model_validate(document, by_alias=True, by_name=False)
+    if namespace is not None:
+        job = job.model_copy(
+            update={"metadata": job.metadata.model_copy(update={"namespace": namespace})}
+        )
+    return job
+
+
+def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
+    """One line per problem: the field path as written in YAML, then what is wrong."""
+    lines = []
+    for item in error.errors(include_url=False):
+        path = prefix
+        for part in item["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        message = str(item["msg"]).removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown field: check its spelling (keys are camelCase)"
+        elif item["type"] == "missing":
+            message = "required field is missing"
+        shown = item.get("input")
+        if item["type"] in ("literal_error", "enum") and shown is not None:
+            message += f" (got {shown!r})"
+        lines.append(f"{path or '<document>'}: {message}")
+    return lines
