@@ -14,10 +14,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from ddp_trainer.options import TrainerOptions
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
+from ddp_trainer.options import TrainerOptions
 from kube_ddp import names
 
 
@@ -50,6 +60,20 @@ class Model(BaseModel):
     )
     RULES: ClassVar[tuple[Rule, ...]] = ()
 
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """Attach RULES as CEL `x-kubernetes-validations` (see kube_ddp.crd)."""
+        schema = handler(core_schema)
+        target = handler.resolve_ref_schema(schema)
+        for rule in cls.RULES:
+            node = target
+            if rule.on:
+                node = target["properties"][cls.model_fields[rule.on].alias or rule.on]
+            node.setdefault("x-kubernetes-validations", []).append(rule.to_cel())
+        return schema
+
     @model_validator(mode="after")
     def _check_rules(self) -> Any:
         for rule in self.RULES:
@@ -75,7 +99,7 @@ MAX_NODES = 1024
 MAX_NAME_LENGTH = 63 - len("-worker-") - len(str(MAX_NODES - 1))
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
-Quantity = Annotated[int | str, Field(pattern=QUANTITY_PATTERN)]
+Quantity = int | Annotated[str, Field(pattern=QUANTITY_PATTERN)]
 FreeForm = dict[str, Any]
 
 
@@ -229,19 +253,20 @@ class Resources(Model):
 
     RULES = tuple(
         Rule(
-            cel=f"!has(self.{key}) || self.{key}.all(k, !(k in {_CEL_ACCELERATOR_KEYS}))",
+            cel=f"self.all(k, !(k in {_CEL_ACCELERATOR_KEYS}))",
             message=f"accelerator devices in resources.{key} are set by the operator: "
             "use accelerator.type and accelerator.perNode instead",
-            holds=lambda r, key=key: _no_accelerator_keys(getattr(r, key)),
+            holds=_no_accelerator_keys,
+            on=key,
         )
         for key in ("limits", "requests")
     )
 
     limits: dict[str, Quantity] = Field(
-        default_factory=dict, description="Limits, e.g. cpu: 8, memory: 64Gi."
+        default_factory=dict, max_length=32, description="Limits, e.g. cpu: 8, memory: 64Gi."
     )
     requests: dict[str, Quantity] = Field(
-        default_factory=dict, description="Requests, e.g. cpu: 8, memory: 64Gi."
+        default_factory=dict, max_length=32, description="Requests, e.g. cpu: 8, memory: 64Gi."
     )
 
 
@@ -260,7 +285,7 @@ class PodTemplateOverrides(Model):
     )
 
     labels: dict[str, str] = Field(
-        default_factory=dict, description="Extra labels for worker pods."
+        default_factory=dict, max_length=64, description="Extra labels for worker pods."
     )
     annotations: dict[str, str] = Field(
         default_factory=dict, description="Extra annotations for worker pods."
@@ -280,9 +305,7 @@ class PodTemplateOverrides(Model):
     scheduler_name: str | None = Field(
         None, description="Scheduler for worker pods (e.g. volcano for gang scheduling)."
     )
-    service_account_name: str | None = Field(
-        None, description="ServiceAccount for worker pods."
-    )
+    service_account_name: str | None = Field(None, description="ServiceAccount for worker pods.")
     security_context: FreeForm | None = Field(
         None, description="Pod security context (Kubernetes PodSecurityContext)."
     )
@@ -314,8 +337,9 @@ class DDPTrainingJobSpec(Model):
             cel="!has(self.elastic) || "
             "(self.elastic.minNodes <= self.nodes && self.nodes <= self.elastic.maxNodes)",
             message="nodes must lie within elastic.minNodes..elastic.maxNodes",
-            holds=lambda s: s.elastic is None
-            or s.elastic.min_nodes <= s.nodes <= s.elastic.max_nodes,
+            holds=lambda s: (
+                s.elastic is None or s.elastic.min_nodes <= s.nodes <= s.elastic.max_nodes
+            ),
         ),
         Rule(
             cel="!has(self.elastic) || self.launcher != 'mpi'",
@@ -325,8 +349,7 @@ class DDPTrainingJobSpec(Model):
         ),
         Rule(
             cel="!has(self.mpi) || self.launcher == 'mpi'",
-            message="mpi settings are only read with launcher mpi: set launcher: mpi "
-            "or remove mpi",
+            message="mpi settings are only read with launcher mpi: set launcher: mpi or remove mpi",
             holds=lambda s: s.mpi is None or s.launcher == "mpi",
         ),
         Rule(
@@ -344,8 +367,7 @@ class DDPTrainingJobSpec(Model):
         Rule(
             cel="!has(self.nprocPerNode) || self.accelerator.type == 'cpu' || "
             "!has(self.accelerator.perNode) || self.nprocPerNode <= self.accelerator.perNode",
-            message="nprocPerNode must not exceed accelerator.perNode: "
-            "one process per accelerator",
+            message="nprocPerNode must not exceed accelerator.perNode: one process per accelerator",
             holds=_nproc_fits,
         ),
         Rule(
@@ -361,7 +383,9 @@ class DDPTrainingJobSpec(Model):
 
     nodes: int = Field(ge=1, le=MAX_NODES, description="Worker pods, one per node.")
     accelerator: Accelerator = Field(
-        default_factory=Accelerator, description="The accelerator of each worker node."
+        default_factory=Accelerator,
+        description="The accelerator of each worker node.",
+        json_schema_extra={"default": {}},  # so the server fills in type: cpu for CEL rules
     )
     nproc_per_node: int | None = Field(
         None,
@@ -402,6 +426,7 @@ class DDPTrainingJobSpec(Model):
     env: list[EnvVar] = Field(
         default_factory=list,
         description="Extra environment for the workers; the env contract's names are reserved.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     resources: Resources = Field(
         default_factory=Resources,
@@ -418,8 +443,19 @@ class DDPTrainingJobSpec(Model):
     )
     mpi: MPIOptions | None = Field(None, description="Process mapping of the mpi launcher.")
     run_policy: RunPolicy = Field(
-        default_factory=RunPolicy, description="Restarts, deadlines and clean-up."
+        default_factory=RunPolicy,
+        description="Restarts, deadlines and clean-up.",
+        json_schema_extra={"default": {}},
     )
+
+    @field_validator("env")
+    @classmethod
+    def _unique_env(cls, env: list[EnvVar]) -> list[EnvVar]:
+        seen = [e.name for e in env]
+        twice = sorted({n for n in seen if seen.count(n) > 1})
+        if twice:
+            raise ValueError(f"duplicate env names: {', '.join(twice)}")
+        return env
 
     @property
     def procs_per_node(self) -> int:
@@ -461,9 +497,7 @@ class Condition(StatusModel):
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str | None = Field(None, description="One-word CamelCase reason.")
     message: str | None = Field(None, description="Human-readable details.")
-    last_transition_time: datetime | None = Field(
-        None, description="When the status last changed."
-    )
+    last_transition_time: datetime | None = Field(None, description="When the status last changed.")
 
 
 class WorkerCounts(StatusModel):
@@ -505,8 +539,10 @@ class JobStatus(StatusModel):
         description="Pending, Starting, Running, Restarting, Succeeded, Failed or Suspended.",
     )
     conditions: list[Condition] = Field(
-        default_factory=list, description="Created, Running, Restarting, Succeeded, Failed, "
-        "Suspended and Schedulable conditions.",
+        default_factory=list,
+        description="Created, Running, Restarting, Succeeded, Failed, Suspended and "
+        "Schedulable conditions.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     workers: WorkerCounts | None = Field(None, description="Worker pods by phase.")
     restarts: int = Field(0, description="Group restarts so far.")
@@ -546,8 +582,10 @@ class DDPTrainingJob(Model):
             message=f"metadata.name must be a DNS label of at most {MAX_NAME_LENGTH} "
             "characters (lower-case letters, digits and '-', starting with a letter) so that "
             "the worker hostnames fit",
-            holds=lambda job: len(job.metadata.name) <= MAX_NAME_LENGTH
-            and re.fullmatch(NAME_PATTERN, job.metadata.name) is not None,
+            holds=lambda job: (
+                len(job.metadata.name) <= MAX_NAME_LENGTH
+                and re.fullmatch(NAME_PATTERN, job.metadata.name) is not None
+            ),
         ),
     )
 

@@ -1,0 +1,380 @@
+"""Pure builders: a DDPTrainingJob in, the Kubernetes objects the operator creates out.
+
+No I/O and no owner references (the caller adopts the children). `kube-ddp render` prints
+exactly what `build_children` returns.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from ddp_trainer.options import to_argv
+from kube_ddp import names
+from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, MPIOptions
+
+Obj = dict[str, Any]
+
+MPIJOB_API_VERSION = "kubeflow.org/v2beta1"
+SHM_VOLUME = "dshm"
+# Intel Gaudi needs host IPC, huge pages and SYS_NICE (Habana's own job examples).
+GAUDI_HUGEPAGES = "9500Mi"
+GAUDI_MEMORY_REQUEST = "32Gi"  # huge pages are only accepted next to a cpu or memory request
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """What the operator's configuration adds to every job."""
+
+    trainer_image: str = names.DEFAULT_TRAINER_IMAGE
+
+
+# --- names and labels -------------------------------------------------------------------------
+
+
+def job_labels(job: DDPTrainingJob) -> dict[str, str]:
+    """Labels every child carries; the operator selects its pods by them."""
+    return {names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_JOB_NAME: job.name}
+
+
+def worker_labels(job: DDPTrainingJob, index: int, attempt: int) -> dict[str, str]:
+    return {
+        **job_labels(job),
+        names.LABEL_REPLICA_INDEX: str(index),
+        names.LABEL_ATTEMPT: str(attempt),
+    }
+
+
+def _metadata(job: DDPTrainingJob, name: str, labels: dict[str, str]) -> Obj:
+    return {"name": name, "namespace": job.namespace, "labels": labels}
+
+
+# --- the env contract -------------------------------------------------------------------------
+
+
+def _nnodes(spec: DDPTrainingJobSpec) -> str:
+    if spec.elastic is not None:
+        return f"{spec.elastic.min_nodes}:{spec.elastic.max_nodes}"
+    return str(spec.nodes)
+
+
+def _runs_one_process_directly(spec: DDPTrainingJobSpec) -> bool:
+    """One process per pod and no torchrun: the pod itself is the rank."""
+    return spec.procs_per_node == 1 and spec.elastic is None
+
+
+def contract_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[Obj]:
+    """The env contract of DESIGN.md; `index` is None for MPI workers (ranks come from mpirun)."""
+    spec = job.spec
+    values: list[tuple[str, str]] = []
+    if index is not None:
+        master = names.master_addr(job.name, job.namespace)
+        values += [("MASTER_ADDR", master), ("PET_MASTER_ADDR", master)]
+    values += [
+        ("MASTER_PORT", str(spec.port)),
+        ("PET_MASTER_PORT", str(spec.port)),
+        ("NNODES", _nnodes(spec)),
+        ("PET_NNODES", _nnodes(spec)),
+    ]
+    if index is not None:
+        values += [("NODE_RANK", str(index)), ("PET_NODE_RANK", str(index))]
+    procs = str(spec.procs_per_node)
+    values += [
+        ("NPROC_PER_NODE", procs),
+        ("PET_NPROC_PER_NODE", procs),
+        ("LOCAL_WORLD_SIZE", procs),
+        ("WORLD_SIZE", str(spec.world_size)),
+    ]
+    if index is not None and _runs_one_process_directly(spec):
+        values += [("RANK", str(index)), ("LOCAL_RANK", "0")]
+    values += [
+        ("DDP_BACKEND", spec.effective_backend),
+        ("KUBEDDP_JOB_NAME", job.name),
+        ("KUBEDDP_JOB_NAMESPACE", job.namespace),
+        ("KUBEDDP_ATTEMPT", str(attempt)),
+    ]
+    return [{"name": name, "value": value} for name, value in values]
+
+
+def worker_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[Obj]:
+    """The contract first, then the user's env (which may refer to it as $(NAME))."""
+    user = [e.model_dump(by_alias=True, exclude_none=True) for e in job.spec.env]
+    return contract_env(job, index, attempt) + user
+
+
+# --- what runs --------------------------------------------------------------------------------
+
+
+def trainer_args(job: DDPTrainingJob) -> list[str]:
+    return to_argv(job.spec.trainer) if job.spec.trainer is not None else []
+
+
+def torchrun_command(job: DDPTrainingJob) -> list[str]:
+    """The launcher in front of `-m ddp_trainer` (or plain python for one process per pod)."""
+    spec = job.spec
+    if _runs_one_process_directly(spec):
+        return ["python", "-m", "ddp_trainer"]
+    command = ["torchrun", f"--nnodes={_nnodes(spec)}", f"--nproc-per-node={spec.procs_per_node}"]
+    if spec.elastic is not None:
+        command += [
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)",
+            f"--rdzv-id={job.name}",
+            f"--max-restarts={spec.elastic.max_restarts}",
+        ]
+    else:
+        command += [
+            "--node-rank=$(NODE_RANK)",
+            "--master-addr=$(MASTER_ADDR)",
+            "--master-port=$(MASTER_PORT)",
+        ]
+    return [*command, "-m", "ddp_trainer"]
+
+
+def container_resources(spec: DDPTrainingJobSpec) -> Obj:
+    """The user's resources plus the accelerator's devices (requests equal limits for those)."""
+    limits: dict[str, Any] = dict(spec.resources.limits)
+    requests: dict[str, Any] = dict(spec.resources.requests)
+    device = spec.accelerator.resource
+    if device is not None and spec.accelerator.per_node is not None:
+        limits[device] = requests[device] = spec.accelerator.per_node
+    if spec.accelerator.type == "gaudi":
+        limits.setdefault("hugepages-2Mi", GAUDI_HUGEPAGES)
+        requests.setdefault("hugepages-2Mi", limits["hugepages-2Mi"])
+        if not {"cpu", "memory"} & (set(limits) | set(requests)):
+            requests["memory"] = GAUDI_MEMORY_REQUEST
+    resources: Obj = {}
+    if limits:
+        resources["limits"] = limits
+    if requests:
+        resources["requests"] = requests
+    return resources
+
+
+def _mounts_shm(spec: DDPTrainingJobSpec) -> bool:
+    return any(m.get("mountPath") == "/dev/shm" for m in spec.template.volume_mounts)
+
+
+def _container(
+    job: DDPTrainingJob,
+    *,
+    name: str,
+    command: list[str],
+    args: list[str],
+    env: list[Obj],
+    settings: BuildSettings,
+) -> Obj:
+    """The worker container: what it runs, image, resources, mounts and accelerator extras."""
+    spec = job.spec
+    container: Obj = {
+        "name": name,
+        "image": spec.image or settings.trainer_image,
+        "command": command,
+        **({"args": args} if args else {}),
+        "env": env,
+        "resources": container_resources(spec),
+        "ports": [{"name": "ddp", "containerPort": spec.port, "protocol": "TCP"}],
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    mounts = list(spec.template.volume_mounts)
+    if not _mounts_shm(spec):
+        # DataLoader workers and NCCL/HCCL share tensors through /dev/shm; 64Mi is too small.
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    container["volumeMounts"] = mounts
+    if spec.accelerator.type == "gaudi":
+        container["securityContext"] = {"capabilities": {"add": ["SYS_NICE"]}}
+    return container
+
+
+def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
+    """Pod-level settings shared by torchrun workers and MPI workers, template merged in."""
+    spec = job.spec
+    template = spec.template
+    volumes = list(template.volumes)
+    if not _mounts_shm(spec):
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    tolerations = list(template.tolerations)
+    device = spec.accelerator.resource
+    if device is not None:
+        # Clusters commonly taint accelerator nodes with the device's resource name.
+        tolerations.append({"key": device, "operator": "Exists", "effect": "NoSchedule"})
+    pod: Obj = {
+        "restartPolicy": "Never",  # restarts are the operator's: the whole group at once
+        "enableServiceLinks": False,
+        "containers": containers,
+        "volumes": volumes,
+    }
+    if tolerations:
+        pod["tolerations"] = tolerations
+    if spec.accelerator.type == "gaudi":
+        pod["hostIPC"] = True
+    optional = {
+        "nodeSelector": template.node_selector or None,
+        "affinity": template.affinity,
+        "priorityClassName": template.priority_class_name,
+        "schedulerName": template.scheduler_name,
+        "serviceAccountName": template.service_account_name,
+        "securityContext": template.security_context,
+    }
+    pod.update({key: value for key, value in optional.items() if value is not None})
+    return pod
+
+
+def _pod_metadata(job: DDPTrainingJob, name: str | None, labels: dict[str, str]) -> Obj:
+    metadata: Obj = {"labels": {**job.spec.template.labels, **labels}}
+    if name is not None:
+        metadata = {"name": name, "namespace": job.namespace, **metadata}
+    if job.spec.template.annotations:
+        metadata["annotations"] = dict(job.spec.template.annotations)
+    return metadata
+
+
+# --- the children -----------------------------------------------------------------------------
+
+
+def build_service(job: DDPTrainingJob) -> Obj:
+    """The headless Service giving every worker a stable DNS name before it is ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, job.name, job_labels(job)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": job_labels(job),
+            "ports": [{"name": "ddp", "port": job.spec.port, "targetPort": job.spec.port}],
+        },
+    }
+
+
+def build_worker_pod(job: DDPTrainingJob, index: int, attempt: int, settings: BuildSettings) -> Obj:
+    """Worker `index` of attempt `attempt` (torchrun launcher)."""
+    spec = job.spec
+    if spec.command is not None:
+        command, args = list(spec.command), list(spec.args or [])
+    else:
+        command, args = torchrun_command(job), trainer_args(job)
+    env = worker_env(job, index, attempt)
+    container = _container(
+        job, name=names.TRAINER_CONTAINER, command=command, args=args, env=env, settings=settings
+    )
+    pod_spec = _pod_spec(job, [container])
+    pod_spec["hostname"] = names.worker_name(job.name, index)
+    pod_spec["subdomain"] = job.name
+    name = names.worker_name(job.name, index)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _pod_metadata(job, name, worker_labels(job, index, attempt)),
+        "spec": pod_spec,
+    }
+
+
+def build_worker_pods(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> list[Obj]:
+    return [build_worker_pod(job, i, attempt, settings) for i in range(job.spec.nodes)]
+
+
+def mpirun_command(job: DDPTrainingJob) -> list[str]:
+    """The launcher's mpirun line; MASTER_ADDR is the first host of the MPI host file."""
+    spec = job.spec
+    mpi = spec.mpi or MPIOptions()
+    per_socket = math.ceil(spec.procs_per_node / mpi.sockets_per_node)
+    map_by = mpi.map_by or f"ppr:{per_socket}:socket:PE={mpi.cores_per_process}"
+    program = (
+        spec.command + (spec.args or [])
+        if spec.command
+        else [
+            "python",
+            "-m",
+            "ddp_trainer",
+            *trainer_args(job),
+        ]
+    )
+    exported = [e["name"] for e in worker_env(job, None, 0)]
+    mpirun = [
+        "mpirun",
+        "--allow-run-as-root",
+        *("-np", str(spec.world_size)),
+        *("--bind-to", "core"),
+        *("--map-by", map_by),
+        *("--rank-by", "core"),
+        *(arg for name in ["MASTER_ADDR", *exported] for arg in ("-x", name)),
+        *mpi.extra_args,
+        *program,
+    ]
+    script = (
+        "set -eu; "
+        "MASTER_ADDR=$(awk 'NF{print $1; exit}' \"${OMPI_MCA_orte_default_hostfile:-"
+        '/etc/mpi/hostfile}"); export MASTER_ADDR; exec ' + shlex.join(mpirun)
+    )
+    return ["/bin/bash", "-c", script]
+
+
+def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> Obj:
+    """A Kubeflow MPIJob (v2beta1): a launcher running mpirun, one worker pod per node."""
+    spec = job.spec
+    policy = spec.run_policy
+    labels = worker_labels(job, 0, attempt)
+    del labels[names.LABEL_REPLICA_INDEX]
+    # MPI workers only host sshd; mpirun on the launcher starts the ranks on them.
+    sshd = ["/usr/sbin/sshd", "-De"]
+    env = worker_env(job, None, attempt)
+    worker = _container(job, name="worker", command=sshd, args=[], env=env, settings=settings)
+    launcher = {
+        "name": "launcher",
+        "image": spec.image or settings.trainer_image,
+        "command": mpirun_command(job),
+        "env": env,
+    }
+    if spec.image_pull_policy:
+        launcher["imagePullPolicy"] = spec.image_pull_policy
+    run_policy: Obj = {
+        "cleanPodPolicy": policy.clean_pod_policy,
+        "backoffLimit": policy.backoff_limit,
+        "suspend": policy.suspend,
+    }
+    if policy.active_deadline_seconds is not None:
+        run_policy["activeDeadlineSeconds"] = policy.active_deadline_seconds
+    if policy.ttl_seconds_after_finished is not None:
+        run_policy["ttlSecondsAfterFinished"] = policy.ttl_seconds_after_finished
+    return {
+        "apiVersion": MPIJOB_API_VERSION,
+        "kind": "MPIJob",
+        "metadata": _metadata(job, job.name, labels),
+        "spec": {
+            "slotsPerWorker": spec.procs_per_node,
+            "runPolicy": run_policy,
+            "mpiImplementation": "OpenMPI",
+            "mpiReplicaSpecs": {
+                "Launcher": {
+                    "replicas": 1,
+                    "restartPolicy": "OnFailure",
+                    "template": {
+                        "metadata": _pod_metadata(job, None, labels),
+                        "spec": {"containers": [launcher], "restartPolicy": "OnFailure"},
+                    },
+                },
+                "Worker": {
+                    "replicas": spec.nodes,
+                    "restartPolicy": "Never",
+                    "template": {
+                        "metadata": _pod_metadata(job, None, labels),
+                        "spec": _pod_spec(job, [worker]),
+                    },
+                },
+            },
+        },
+    }
+
+
+def build_children(
+    job: DDPTrainingJob, attempt: int = 0, settings: BuildSettings | None = None
+) -> list[Obj]:
+    """Everything the operator creates for `job` at `attempt`, in creation order."""
+    settings = settings or BuildSettings()
+    if job.spec.launcher == "mpi":
+        return [build_mpijob(job, attempt, settings)]
+    return [build_service(job), *build_worker_pods(job, attempt, settings)]

@@ -1,0 +1,109 @@
+"""The `kube-ddp` command line: crd, render (and the operator and local runs, as they land)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from kube_ddp import names
+from kube_ddp.api import DDPTrainingJob, describe_errors, load_job
+from kube_ddp.builders import BuildSettings, build_children
+from kube_ddp.crd import custom_resource_definition
+
+EXIT_USAGE = 2
+
+
+class InputError(Exception):
+    """Bad input: printed as is, one problem a line, and the command exits 2."""
+
+
+def dump_yaml(objects: Sequence[Any]) -> str:
+    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
+
+
+def read_jobs(path: str, namespace: str | None) -> list[DDPTrainingJob]:
+    """Every DDPTrainingJob in a YAML file ('-' for stdin), validated by the API models."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as error:
+        raise InputError(f"{path}: cannot read: {error.strerror}") from error
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as error:
+        raise InputError(f"{path}: not valid YAML: {error}") from error
+    if not documents:
+        raise InputError(f"{path}: no DDPTrainingJob in the file")
+    jobs, problems = [], []
+    for number, document in enumerate(documents, start=1):
+        where = path if len(documents) == 1 else f"{path} (document {number})"
+        if not isinstance(document, dict):
+            problems.append(f"{where}: expected a {names.KIND} mapping")
+            continue
+        try:
+            jobs.append(load_job(document, namespace))
+        except ValidationError as error:
+            problems += [f"{where}: {line}" for line in describe_errors(error)]
+    if problems:
+        raise InputError("\n".join(problems))
+    return jobs
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    sys.stdout.write(dump_yaml([custom_resource_definition()]))
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    settings = BuildSettings(trainer_image=args.image)
+    objects = [
+        obj
+        for job in read_jobs(args.file, args.namespace)
+        for obj in build_children(job, attempt=args.attempt, settings=settings)
+    ]
+    sys.stdout.write(dump_yaml(objects))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kube-ddp", description="Run PyTorch DDP training jobs on Kubernetes."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    crd = commands.add_parser("crd", help="print the DDPTrainingJob CustomResourceDefinition")
+    crd.set_defaults(run=cmd_crd)
+
+    render = commands.add_parser(
+        "render", help="validate a job file and print the objects the operator would create"
+    )
+    render.add_argument("file", help="a DDPTrainingJob YAML file, or - for stdin")
+    render.add_argument("-n", "--namespace", help="namespace (default: the file's, or default)")
+    render.add_argument(
+        "--image",
+        default=names.DEFAULT_TRAINER_IMAGE,
+        help="the operator's default trainer image (default: %(default)s)",
+    )
+    render.add_argument(
+        "--attempt", type=int, default=0, help="the group restart count to render (default 0)"
+    )
+    render.set_defaults(run=cmd_render)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except InputError as error:
+        print(error, file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The generated CRD: committed copy in sync, structural, documented, and tied to the trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import kubernetes_validate
+import yaml
+
+from ddp_trainer.options import TrainerOptions
+from kube_ddp import api
+from kube_ddp.crd import custom_resource_definition
+from tests.unit.support import KUBERNETES_VERSION, REPO
+
+CRD = custom_resource_definition()
+ROOT = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+SPEC = ROOT["properties"]["spec"]
+
+
+def walk(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, schema
+    for name, child in schema.get("properties", {}).items():
+        yield from walk(child, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            yield from walk(schema[key], f"{path}[]")
+
+
+def test_committed_crd_matches_the_models() -> None:
+    committed = yaml.safe_load((REPO / "manifests" / "crd.yaml").read_text())
+    assert committed == CRD, "manifests/crd.yaml is stale: run `make crds`"
+
+
+def test_crd_object_is_valid() -> None:
+    kubernetes_validate.validate(CRD, KUBERNETES_VERSION, strict=True)
+
+
+def test_schema_is_structural() -> None:
+    forbidden = {"$ref", "$defs", "const", "title", "nullable", "prefixItems", "oneOf"}
+    for path, node in walk(ROOT):
+        assert not forbidden & set(node), f"{path}: {forbidden & set(node)}"
+        assert node.get("additionalProperties") is not False, path
+        assert not ("properties" in node and "additionalProperties" in node), path
+        if "anyOf" in node:
+            assert node.get("x-kubernetes-int-or-string") is True, path
+        else:
+            assert "type" in node, f"{path} has no type"
+        if node.get("exclusiveMinimum") is not None:
+            assert node["exclusiveMinimum"] is True, path
+
+
+def test_every_spec_and_status_field_is_described() -> None:
+    for top in ("spec", "status"):
+        for path, node in walk(ROOT["properties"][top], top):
+            if not path.endswith("[]"):
+                assert node.get("description"), f"{path} has no description"
+
+
+def test_cross_field_rules_are_cel_validations() -> None:
+    rules = [
+        rule["rule"] for _, node in walk(ROOT) for rule in node.get("x-kubernetes-validations", [])
+    ]
+    models = [api.DDPTrainingJob, api.DDPTrainingJobSpec, api.Accelerator, api.ElasticPolicy]
+    models += [api.EnvVar, api.Resources, api.PodTemplateOverrides]
+    expected = [rule.cel for model in models for rule in model.RULES]
+    assert sorted(rules) == sorted(expected)
+
+
+def test_trainer_keys_are_exactly_the_trainer_options() -> None:
+    trainer = SPEC["properties"]["trainer"]["properties"]
+    aliases = {field.alias for field in TrainerOptions.model_fields.values()}
+    assert set(trainer) == aliases
+    assert not any("default" in node for _, node in walk(SPEC["properties"]["trainer"]))
+
+
+def test_printer_columns_point_at_schema_fields() -> None:
+    columns = CRD["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert [c["name"] for c in columns if not c.get("priority")] == [
+        "Phase",
+        "Workers",
+        "Accelerator",
+        "Epoch",
+        "Val-Acc",
+        "Restarts",
+        "Age",
+    ]
+    for column in columns:
+        node = ROOT
+        for part in column["jsonPath"].strip(".").split("."):
+            if part == "metadata":
+                break
+            node = node["properties"][part]
+        else:
+            assert node["type"] in ("integer", "number", "string"), column
+
+
+def test_names_status_subresource_and_lists() -> None:
+    names = CRD["spec"]["names"]
+    assert (names["kind"], names["plural"]) == ("DDPTrainingJob", "ddptrainingjobs")
+    assert names["shortNames"] == ["ddpjob", "ddpj"]
+    assert names["categories"] == ["kubeddp"]
+    assert CRD["spec"]["versions"][0]["subresources"] == {"status": {}}
+    conditions = ROOT["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    assert SPEC["properties"]["env"]["x-kubernetes-list-map-keys"] == ["name"]
+
+
+def test_server_side_defaults_let_cel_rules_read_the_accelerator() -> None:
+    assert SPEC["properties"]["accelerator"]["default"] == {}
+    assert SPEC["properties"]["accelerator"]["properties"]["type"]["default"] == "cpu"
+    assert SPEC["properties"]["backend"]["default"] == "auto"
