@@ -27,6 +27,15 @@ def dump_yaml(objects: Sequence[Any]) -> str:
     return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
 
 
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """One line: where the parser gave up, and why."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    if mark is None:
+        return str(problem)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
 def read_jobs(path: str, namespace: str | None) -> list[DDPTrainingJob]:
     """Every DDPTrainingJob in a YAML file ('-' for stdin), validated by the API models."""
     try:
@@ -36,7 +45,7 @@ def read_jobs(path: str, namespace: str | None) -> list[DDPTrainingJob]:
     try:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as error:
-        raise InputError(f"{path}: not valid YAML: {error}") from error
+        raise InputError(f"{path}: not valid YAML: {_yaml_problem(error)}") from error
     if not documents:
         raise InputError(f"{path}: no DDPTrainingJob in the file")
     jobs, problems = [], []

@@ -1,0 +1,372 @@
+"""The builders: the env contract as a table, merging rules, the MPIJob, strict validity."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import pytest
+
+from kube_ddp import names
+from kube_ddp.builders import BuildSettings, build_children, build_mpijob, build_worker_pod
+from tests.unit.support import make_job, validate_strict
+
+SETTINGS = BuildSettings(trainer_image="registry.example/trainer:1")
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+def worker(spec: dict[str, Any], index: int = 0, attempt: int = 0) -> dict[str, Any]:
+    pod = build_worker_pod(make_job(**spec), index, attempt, SETTINGS)
+    validate_strict(pod)
+    return pod
+
+
+def container_of(pod: dict[str, Any]) -> dict[str, Any]:
+    (container,) = pod["spec"]["containers"]
+    return dict(container)
+
+
+MASTER = "bar-worker-0.bar.ns1.svc"
+GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
+GAUDI_2X8 = {"nodes": 2, "accelerator": {"type": "gaudi", "perNode": 8}}
+ELASTIC = {"nodes": 2, "elastic": {"minNodes": 1, "maxNodes": 4}, "nprocPerNode": 2}
+
+# (case, spec, worker index, the env the worker must get (exactly), launcher command head)
+CONTRACT = [
+    (
+        "1x1 cpu",
+        {"nodes": 1},
+        0,
+        {
+            "NNODES": "1",
+            "NODE_RANK": "0",
+            "NPROC_PER_NODE": "1",
+            "WORLD_SIZE": "1",
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "DDP_BACKEND": "gloo",
+        },
+        ["python", "-m", "ddp_trainer"],
+    ),
+    (
+        "2x8 nvidia, worker 1",
+        GPU_2X8,
+        1,
+        {
+            "NNODES": "2",
+            "NODE_RANK": "1",
+            "NPROC_PER_NODE": "8",
+            "WORLD_SIZE": "16",
+            "DDP_BACKEND": "nccl",
+        },
+        ["torchrun", "--nnodes=2", "--nproc-per-node=8", "--node-rank=$(NODE_RANK)"],
+    ),
+    (
+        "2x8 gaudi",
+        GAUDI_2X8,
+        0,
+        {
+            "NNODES": "2",
+            "NODE_RANK": "0",
+            "NPROC_PER_NODE": "8",
+            "WORLD_SIZE": "16",
+            "DDP_BACKEND": "hccl",
+        },
+        ["torchrun", "--nnodes=2", "--nproc-per-node=8"],
+    ),
+    (
+        "elastic 1:4 x 2",
+        ELASTIC,
+        1,
+        {
+            "NNODES": "1:4",
+            "NODE_RANK": "1",
+            "NPROC_PER_NODE": "2",
+            "WORLD_SIZE": "4",
+            "DDP_BACKEND": "gloo",
+        },
+        [
+            "torchrun",
+            "--nnodes=1:4",
+            "--nproc-per-node=2",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)",
+            "--rdzv-id=bar",
+            "--max-restarts=3",
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "index", "expected", "command"),
+    [case[1:] for case in CONTRACT],
+    ids=[case[0] for case in CONTRACT],
+)
+def test_env_contract(
+    spec: dict[str, Any], index: int, expected: dict[str, str], command: list[str]
+) -> None:
+    container = container_of(worker(spec, index, attempt=2))
+    env = env_of(container)
+    pet = {f"PET_{k}": v for k, v in expected.items() if k in ("NNODES", "NODE_RANK")}
+    pet["PET_NPROC_PER_NODE"] = expected["NPROC_PER_NODE"]
+    assert env == {
+        "MASTER_ADDR": MASTER,
+        "PET_MASTER_ADDR": MASTER,
+        "MASTER_PORT": "29500",
+        "PET_MASTER_PORT": "29500",
+        "LOCAL_WORLD_SIZE": expected["NPROC_PER_NODE"],
+        "KUBEDDP_JOB_NAME": "bar",
+        "KUBEDDP_JOB_NAMESPACE": "ns1",
+        "KUBEDDP_ATTEMPT": "2",
+        **pet,
+        **expected,
+    }
+    assert container["command"][: len(command)] == command
+    assert container["command"][-2:] == ["-m", "ddp_trainer"]
+
+
+def test_pod_identity_labels_and_dns() -> None:
+    pod = worker(GPU_2X8, index=1, attempt=3)
+    assert pod["metadata"]["name"] == "bar-worker-1"
+    assert pod["metadata"]["namespace"] == "ns1"
+    assert pod["metadata"]["labels"] == {
+        names.LABEL_MANAGED_BY: "kube-ddp",
+        names.LABEL_JOB_NAME: "bar",
+        names.LABEL_REPLICA_INDEX: "1",
+        names.LABEL_ATTEMPT: "3",
+    }
+    assert pod["spec"]["hostname"] == "bar-worker-1"
+    assert pod["spec"]["subdomain"] == "bar"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert "ownerReferences" not in pod["metadata"]
+
+
+def test_service_is_headless_and_selects_the_job() -> None:
+    service, *pods = build_children(make_job(**GPU_2X8), settings=SETTINGS)
+    validate_strict(service)
+    assert service["metadata"]["name"] == "bar"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    for pod in pods:
+        labels = pod["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= labels.items()
+    assert [p["metadata"]["name"] for p in pods] == ["bar-worker-0", "bar-worker-1"]
+
+
+def test_gpu_resources_and_toleration() -> None:
+    pod = worker({**GPU_2X8, "resources": {"requests": {"cpu": 16, "memory": "64Gi"}}})
+    assert container_of(pod)["resources"] == {
+        "limits": {"nvidia.com/gpu": 8},
+        "requests": {"cpu": 16, "memory": "64Gi", "nvidia.com/gpu": 8},
+    }
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"][
+        "tolerations"
+    ]
+
+
+def test_gaudi_defaults() -> None:
+    pod = worker(GAUDI_2X8)
+    container = container_of(pod)
+    assert pod["spec"]["hostIPC"] is True
+    assert container["securityContext"] == {"capabilities": {"add": ["SYS_NICE"]}}
+    assert container["resources"] == {
+        "limits": {"habana.ai/gaudi": 8, "hugepages-2Mi": "9500Mi"},
+        "requests": {"habana.ai/gaudi": 8, "hugepages-2Mi": "9500Mi", "memory": "32Gi"},
+    }
+
+
+def test_gaudi_user_resources_win_over_defaults() -> None:
+    resources = {
+        "limits": {"hugepages-2Mi": "95000Mi", "memory": "409Gi"},
+        "requests": {"hugepages-2Mi": "95000Mi", "memory": "409Gi", "cpu": 95},
+    }
+    pod = worker({**GAUDI_2X8, "resources": resources})
+    assert container_of(pod)["resources"] == {
+        "limits": {"hugepages-2Mi": "95000Mi", "memory": "409Gi", "habana.ai/gaudi": 8},
+        "requests": {
+            "hugepages-2Mi": "95000Mi",
+            "memory": "409Gi",
+            "cpu": 95,
+            "habana.ai/gaudi": 8,
+        },
+    }
+
+
+def test_cpu_job_has_no_devices_and_no_tolerations() -> None:
+    pod = worker({"nodes": 1})
+    assert container_of(pod)["resources"] == {}
+    assert "tolerations" not in pod["spec"]
+    assert "hostIPC" not in pod["spec"]
+
+
+def test_template_is_merged_and_operator_fields_are_kept() -> None:
+    template = {
+        "labels": {"team": "vision"},
+        "annotations": {"sidecar.istio.io/inject": "false"},
+        "nodeSelector": {"pool": "a100"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml"}],
+        "affinity": {"nodeAffinity": {}},
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        "priorityClassName": "high",
+        "schedulerName": "volcano",
+        "serviceAccountName": "trainer",
+        "securityContext": {"runAsUser": 1000},
+    }
+    pod = worker({**GPU_2X8, "template": template})
+    spec = pod["spec"]
+    assert pod["metadata"]["labels"]["team"] == "vision"
+    assert pod["metadata"]["labels"][names.LABEL_JOB_NAME] == "bar"
+    assert pod["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
+    assert spec["nodeSelector"] == {"pool": "a100"}
+    assert spec["tolerations"][0]["key"] == "dedicated"
+    assert spec["tolerations"][1]["key"] == "nvidia.com/gpu"
+    assert [v["name"] for v in spec["volumes"]] == ["data", "dshm"]
+    assert [m["mountPath"] for m in container_of(pod)["volumeMounts"]] == ["/data", "/dev/shm"]
+    assert spec["priorityClassName"] == "high"
+    assert spec["schedulerName"] == "volcano"
+    assert spec["serviceAccountName"] == "trainer"
+    assert spec["securityContext"] == {"runAsUser": 1000}
+    assert spec["hostname"] == "bar-worker-0"
+    assert spec["restartPolicy"] == "Never"
+
+
+def test_own_dev_shm_mount_replaces_ours() -> None:
+    template = {
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}],
+        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+    }
+    pod = worker({"nodes": 1, "template": template})
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["shm"]
+
+
+def test_trainer_options_become_flags() -> None:
+    trainer = {"dataset": "digits", "epochs": 3, "targetAccuracy": 0.9, "scaleLr": False}
+    container = container_of(worker({**GPU_2X8, "trainer": trainer}))
+    assert container["args"] == [
+        "--dataset",
+        "digits",
+        "--epochs",
+        "3",
+        "--no-scale-lr",
+        "--target-accuracy",
+        "0.9",
+    ]
+
+
+def test_no_trainer_options_means_no_args() -> None:
+    assert "args" not in container_of(worker(GPU_2X8))
+
+
+def test_own_command_keeps_the_contract_and_user_env_follows_it() -> None:
+    spec = {
+        **GPU_2X8,
+        "image": "me/train:2",
+        "imagePullPolicy": "Always",
+        "command": ["python", "/app/train.py"],
+        "args": ["--lr", "0.1"],
+        "env": [
+            {"name": "NCCL_DEBUG", "value": "INFO"},
+            {"name": "URL", "value": "$(MASTER_ADDR)"},
+        ],
+    }
+    container = container_of(worker(spec))
+    assert container["command"] == ["python", "/app/train.py"]
+    assert container["args"] == ["--lr", "0.1"]
+    assert container["image"] == "me/train:2"
+    assert container["imagePullPolicy"] == "Always"
+    env_names = [e["name"] for e in container["env"]]
+    assert env_names[-2:] == ["NCCL_DEBUG", "URL"]
+    assert env_of(container)["WORLD_SIZE"] == "16"
+
+
+def test_default_image_comes_from_the_settings() -> None:
+    assert container_of(worker({"nodes": 1}))["image"] == "registry.example/trainer:1"
+
+
+def test_port_is_used_everywhere() -> None:
+    job = make_job(nodes=2, port=23456)
+    service, pod, _ = build_children(job, settings=SETTINGS)
+    assert service["spec"]["ports"][0]["port"] == 23456
+    container = container_of(pod)
+    assert env_of(container)["MASTER_PORT"] == "23456"
+    assert container["ports"][0]["containerPort"] == 23456
+
+
+# --- MPIJob -------------------------------------------------------------------------------
+
+
+def mpijob(spec: dict[str, Any]) -> dict[str, Any]:
+    obj = build_mpijob(make_job(launcher="mpi", **spec), 0, SETTINGS)
+    for role in ("Launcher", "Worker"):
+        template = obj["spec"]["mpiReplicaSpecs"][role]["template"]
+        validate_strict({"apiVersion": "v1", "kind": "Pod", **template})
+    return obj
+
+
+def launcher_script(obj: dict[str, Any]) -> list[str]:
+    (container,) = obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["/bin/bash", "-c"]
+    return shlex.split(container["command"][2])
+
+
+def test_mpijob_for_gaudi() -> None:
+    obj = mpijob({**GAUDI_2X8, "trainer": {"epochs": 2}})
+    assert obj["apiVersion"] == "kubeflow.org/v2beta1"
+    assert obj["kind"] == "MPIJob"
+    assert obj["metadata"]["name"] == "bar"
+    assert obj["spec"]["slotsPerWorker"] == 8
+    assert obj["spec"]["runPolicy"]["backoffLimit"] == 3
+    words = launcher_script(obj)
+    mpirun = words[words.index("mpirun") :]
+    assert mpirun[:10] == [
+        "mpirun",
+        "--allow-run-as-root",
+        "-np",
+        "16",
+        "--bind-to",
+        "core",
+        "--map-by",
+        "ppr:4:socket:PE=6",
+        "--rank-by",
+        "core",
+    ]
+    assert mpirun[-5:] == ["python", "-m", "ddp_trainer", "--epochs", "2"]
+    assert "MASTER_ADDR=$(awk" in words  # the first host of the MPI host file
+    workers = obj["spec"]["mpiReplicaSpecs"]["Worker"]
+    assert workers["replicas"] == 2
+    (container,) = workers["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["habana.ai/gaudi"] == 8
+    assert env_of(container)["DDP_BACKEND"] == "hccl"
+    assert "NODE_RANK" not in env_of(container)
+    assert workers["template"]["spec"]["hostIPC"] is True
+
+
+def test_mpijob_mapping_is_configurable() -> None:
+    spec = {
+        **GAUDI_2X8,
+        "mpi": {"socketsPerNode": 1, "coresPerProcess": 4, "extraArgs": ["--report-bindings"]},
+    }
+    words = launcher_script(mpijob(spec))
+    assert "ppr:8:socket:PE=4" in words
+    assert "--report-bindings" in words
+    custom = launcher_script(mpijob({**GAUDI_2X8, "mpi": {"mapBy": "socket:PE=6"}}))
+    assert custom[custom.index("--map-by") + 1] == "socket:PE=6"
+
+
+def test_mpijob_exports_the_contract_and_user_env() -> None:
+    words = launcher_script(
+        mpijob({**GAUDI_2X8, "env": [{"name": "PT_HPU_LAZY_MODE", "value": "0"}]})
+    )
+    exported = [words[i + 1] for i, w in enumerate(words) if w == "-x"]
+    assert exported[0] == "MASTER_ADDR"
+    assert {"WORLD_SIZE", "DDP_BACKEND", "KUBEDDP_JOB_NAME", "PT_HPU_LAZY_MODE"} <= set(exported)
+
+
+def test_mpi_launcher_children_are_one_mpijob() -> None:
+    children = build_children(make_job(launcher="mpi", **GAUDI_2X8), settings=SETTINGS)
+    assert [c["kind"] for c in children] == ["MPIJob"]

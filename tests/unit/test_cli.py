@@ -1,0 +1,147 @@
+"""`kube-ddp crd` and `kube-ddp render`: the operator's objects, or clear errors and exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kube_ddp.cli import main
+from tests.unit.support import EXAMPLES, REPO, validate_strict
+
+BAR = """\
+apiVersion: kubeddp.io/v1alpha1
+kind: DDPTrainingJob
+metadata:
+  name: bar
+spec:
+  nodes: 2
+  accelerator: {type: nvidia, perNode: 8}
+"""
+
+
+def render(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[Any], str]:
+    code = main(["render", *argv])
+    out, err = capsys.readouterr()
+    return code, [d for d in yaml.safe_load_all(out) if d] if out else [], err
+
+
+def env(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_render_bar_in_ns1(capsys: pytest.CaptureFixture[str], write_job) -> None:
+    code, objects, err = render(capsys, write_job(BAR), "--namespace", "ns1")
+    assert (code, err) == (0, "")
+    service, *pods = objects
+    assert (service["kind"], service["metadata"]["name"]) == ("Service", "bar")
+    assert [p["metadata"]["name"] for p in pods] == ["bar-worker-0", "bar-worker-1"]
+    for rank, pod in enumerate(pods):
+        assert env(pod)["WORLD_SIZE"] == "16"
+        assert env(pod)["MASTER_ADDR"] == "bar-worker-0.bar.ns1.svc"
+        assert env(pod)["PET_NNODES"] == "2"
+        assert env(pod)["NODE_RANK"] == str(rank)
+        assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
+def test_every_example_renders_valid_objects(
+    capsys: pytest.CaptureFixture[str], example: Path
+) -> None:
+    code, objects, err = render(capsys, str(example))
+    assert (code, err) == (0, "")
+    for obj in objects:
+        if obj["kind"] == "MPIJob":
+            for replica in obj["spec"]["mpiReplicaSpecs"].values():
+                validate_strict({"apiVersion": "v1", "kind": "Pod", **replica["template"]})
+        else:
+            validate_strict(obj)
+
+
+BAD = [
+    (
+        "unknown field, wrong type, reserved env, broken rule",
+        """\
+apiVersion: kubeddp.io/v1alpha1
+kind: DDPTrainingJob
+metadata: {name: bad}
+spec:
+  nodes: many
+  acelerator: {type: nvidia}
+  env: [{name: MASTER_ADDR, value: x}]
+  elastic: {minNodes: 4, maxNodes: 2}
+""",
+        [
+            "spec.nodes: Input should be a valid integer",
+            "spec.acelerator: unknown field",
+            "spec.env[0]: MASTER_ADDR is reserved",
+            "spec.elastic: minNodes (4) must not exceed maxNodes (2)",
+        ],
+    ),
+    ("not YAML", "spec: [unclosed\n", ["not valid YAML: line 2, column 1: expected ','"]),
+    ("empty", "", ["no DDPTrainingJob in the file"]),
+    ("a list", "- 1\n- 2\n", ["expected a DDPTrainingJob mapping"]),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_exits_2_with_one_line_per_problem(
+    capsys: pytest.CaptureFixture[str], write_job, text: str, expected: list[str]
+) -> None:
+    path = write_job(text)
+    code, objects, err = render(capsys, path)
+    assert (code, objects) == (2, [])
+    lines = err.strip().splitlines()
+    assert len(lines) == len(expected), err
+    assert all(line.startswith(path + ": ") for line in lines)
+    for fragment in expected:
+        assert sum(fragment in line for line in lines) == 1, (fragment, lines)
+
+
+def test_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = render(capsys, str(tmp_path / "nope.yaml"))
+    assert code == 2
+    assert "nope.yaml: cannot read: No such file or directory" in err
+
+
+def test_several_jobs_in_one_file(capsys: pytest.CaptureFixture[str], write_job) -> None:
+    second = BAR.replace("name: bar", "name: baz").replace("nodes: 2", "nodes: 1")
+    code, objects, _ = render(capsys, write_job(BAR + "---\n" + second))
+    assert code == 0
+    assert [o["metadata"]["name"] for o in objects] == [
+        "bar",
+        "bar-worker-0",
+        "bar-worker-1",
+        "baz",
+        "baz-worker-0",
+    ]
+
+
+def test_crd_command_prints_the_committed_crd(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["crd"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed == yaml.safe_load((REPO / "manifests" / "crd.yaml").read_text())
+
+
+def test_console_script_reads_stdin_and_never_shows_a_traceback() -> None:
+    script = Path(sys.executable).with_name("kube-ddp")
+    bad = BAR.replace("nodes: 2", "nodes: -1")
+    result = subprocess.run(
+        [str(script), "render", "-"], input=bad, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 2
+    assert result.stderr == "-: spec.nodes: Input should be greater than or equal to 1\n"
+    good = subprocess.run(
+        [str(script), "render", "-", "-n", "x"],
+        input=BAR,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert good.returncode == 0
+    assert "bar-worker-1.bar" not in good.stdout  # MASTER_ADDR is always worker 0
+    assert "bar-worker-0.bar.x.svc" in good.stdout
