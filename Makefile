@@ -10,12 +10,13 @@ UV_VERSION := 0.13.8
 UV_HOME := $(CACHE_DIR)/uv-$(UV_VERSION)
 UV := $(UV_HOME)/bin/uv
 export UV_CACHE_DIR ?= $(CACHE_DIR)/uv-cache
+export KUBEDDP_CACHE_DIR ?= $(CACHE_DIR)
 export UV_PYTHON_DOWNLOADS := never
 VENV := .venv
 PY := $(VENV)/bin/python
 SYNCED := $(VENV)/.synced
 
-.PHONY: help venv test lint fmt crds demo bench cluster-up cluster-down cluster-status clean
+.PHONY: help venv test lint fmt crds demo bench cluster-build cluster-up cluster-down cluster-status clean
 
 help:
 	@echo "make demo            train a 2-process DDP job on CPU (digits), no download"
@@ -25,6 +26,7 @@ help:
 	@echo "make bench           benchmarks (results: docs/BENCHMARKS.md)"
 	@echo "make cluster-up      start the local control plane (etcd, apiserver, kwok, ...)"
 	@echo "make cluster-down    stop it; make cluster-status shows it"
+	@echo "make cluster-build   build the control plane binaries (cached in $(CACHE_DIR))"
 
 $(UV):
 	python3 -m venv $(UV_HOME)
@@ -61,7 +63,7 @@ demo: venv
 bench: venv
 	$(PY) -m benchmarks
 
-cluster-up cluster-down cluster-status: venv
+cluster-build cluster-up cluster-down cluster-status: venv
 	$(PY) hack/dev-cluster.py $(@:cluster-%=%)
 
 clean:
