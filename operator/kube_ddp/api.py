@@ -568,6 +568,7 @@ class ObjectMeta(BaseModel):
     name: str = Field(min_length=1)
     namespace: str | None = None
     uid: str | None = None
+    generation: int | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 

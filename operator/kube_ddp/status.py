@@ -1,0 +1,488 @@
+"""The pure decision core: a job and its observed pods in, the new status and next actions out.
+
+Every failure rule of DESIGN.md lives here, so it can be tested as a table without kopf or a
+cluster. `decide` is called on every change of a job or of one of its pods; it must give the
+same answer when called again with the same inputs (the shell may repeat it at any time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from kube_ddp import names
+from kube_ddp.api import (
+    Condition,
+    ConditionType,
+    DDPTrainingJob,
+    Failure,
+    JobStatus,
+    Phase,
+    WorkerCounts,
+)
+
+FINISHED: tuple[Phase, ...] = ("Succeeded", "Failed")
+# Phases in which the pods of the current attempt have not all been created yet.
+NOT_CREATED: tuple[Phase | None, ...] = (None, "Restarting", "Suspended")
+# Pod reasons that mean the pod was taken away rather than the program failing.
+LOST_REASONS = frozenset(
+    {"Evicted", "Deleted", "NodeLost", "Preempted", "UnexpectedAdmissionError"}
+)
+RETRYABLE_EXIT_CODE = 128  # >= 128: killed by a signal (OOM killer, SIGTERM, SIGKILL, abort)
+
+
+# --- what we observe ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the core needs to know of one worker pod."""
+
+    name: str
+    index: int
+    attempt: int
+    phase: str  # Pending, Running, Succeeded, Failed, Unknown
+    deleting: bool = False
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    finished_at: str | None = None
+    scheduled: bool = False
+    unschedulable: str | None = None  # the scheduler's message when it cannot place the pod
+    owner_uid: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.phase in ("Pending", "Running") and not self.deleting
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any]) -> PodView:
+        metadata = pod.get("metadata", {})
+        labels = metadata.get("labels", {})
+        status = pod.get("status", {})
+        terminated = _terminated_state(status)
+        conditions = {c.get("type"): c for c in status.get("conditions", [])}
+        scheduled = conditions.get("PodScheduled", {})
+        unschedulable = None
+        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+            unschedulable = scheduled.get("message") or "the scheduler cannot place this pod"
+        owners = [o for o in metadata.get("ownerReferences", []) if o.get("controller")]
+        return cls(
+            name=metadata.get("name", ""),
+            index=_int(labels.get(names.LABEL_REPLICA_INDEX)),
+            attempt=_int(labels.get(names.LABEL_ATTEMPT)),
+            phase=status.get("phase") or "Pending",
+            deleting=metadata.get("deletionTimestamp") is not None,
+            exit_code=terminated.get("exitCode"),
+            reason=status.get("reason") or terminated.get("reason"),
+            message=status.get("message") or terminated.get("message"),
+            finished_at=terminated.get("finishedAt"),
+            scheduled=bool(pod.get("spec", {}).get("nodeName"))
+            or scheduled.get("status") == "True",
+            unschedulable=unschedulable,
+            owner_uid=owners[0].get("uid") if owners else None,
+        )
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value) if value is not None else -1
+    except ValueError:
+        return -1
+
+
+def _terminated_state(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The trainer container's terminated state (the first container's if renamed)."""
+    containers = status.get("containerStatuses") or []
+    chosen = next((c for c in containers if c.get("name") == names.TRAINER_CONTAINER), None)
+    chosen = chosen or (containers[0] if containers else {})
+    return dict(chosen.get("state", {}).get("terminated") or {})
+
+
+# --- what we decide -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CreateWorkers:
+    """Create the Service and the worker pods of `attempt` that do not exist yet."""
+
+    attempt: int
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DeletePods:
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """ttlSecondsAfterFinished has passed."""
+
+
+Action = CreateWorkers | DeletePods | DeleteJob
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: JobStatus
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None  # seconds until a time-based rule fires
+
+
+# --- helpers on status ----------------------------------------------------------------------
+
+
+def set_condition(
+    conditions: Iterable[Condition],
+    type_: ConditionType,
+    status: Literal["True", "False"],
+    reason: str,
+    message: str,
+    now: datetime,
+) -> list[Condition]:
+    """Conditions with `type_` set; its transition time moves only when its status changes."""
+    result, found = [], False
+    for condition in conditions:
+        if condition.type != type_:
+            result.append(condition)
+            continue
+        found = True
+        moved = condition.status != status
+        result.append(
+            Condition(
+                type=type_,
+                status=status,
+                reason=reason,
+                message=message,
+                last_transition_time=now if moved else condition.last_transition_time,
+            )
+        )
+    if not found:
+        result.append(
+            Condition(
+                type=type_, status=status, reason=reason, message=message, last_transition_time=now
+            )
+        )
+    return result
+
+
+def condition_status(status: JobStatus, type_: ConditionType) -> str | None:
+    return next((c.status for c in status.conditions if c.type == type_), None)
+
+
+@dataclass
+class _Draft:
+    """The status being built by one decision, with the actions and events it implies."""
+
+    status: JobStatus
+    now: datetime
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+
+    def update(self, **changes: Any) -> None:
+        self.status = self.status.model_copy(update=changes)
+
+    def condition(
+        self, type_: ConditionType, status: Literal["True", "False"], reason: str, message: str
+    ) -> None:
+        conditions = set_condition(self.status.conditions, type_, status, reason, message, self.now)
+        self.update(conditions=conditions)
+
+    def phase(self, phase: Phase, reason: str, message: str, warning: bool = False) -> None:
+        """Move to `phase`; a change of phase is also a Kubernetes Event."""
+        if self.status.phase != phase:
+            self.events.append(Event("Warning" if warning else "Normal", reason, message))
+        self.update(phase=phase)
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        self.requeue_after = (
+            seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        )
+
+    def decision(self) -> Decision:
+        return Decision(self.status, tuple(self.actions), tuple(self.events), self.requeue_after)
+
+
+# --- the rules ------------------------------------------------------------------------------
+
+
+def decide(
+    job: DDPTrainingJob,
+    pods: Iterable[PodView],
+    now: datetime,
+    expected: Iterable[str] = (),
+) -> Decision:
+    """The next status and actions for `job`.
+
+    `pods` are the job's pods as observed; `expected` names pods the operator created that
+    the watch has not shown yet (they count as Pending, never as vanished).
+    """
+    status = job.status or JobStatus()
+    draft = _Draft(status=status, now=now)
+    attempt = status.restarts
+    observed = list(pods)
+    ours = [p for p in observed if p.owner_uid in (None, job.metadata.uid)]
+    current = {p.index: p for p in ours if p.attempt == attempt}
+    for name in expected:
+        index = _index_of(job, name)
+        if index is not None and index not in current:
+            current[index] = PodView(name=name, index=index, attempt=attempt, phase="Pending")
+    # Pods of another attempt, or of an earlier job of the same name: the next attempt
+    # reuses their names, so they must be gone before it starts.
+    stale = [p for p in observed if p.attempt != attempt or p not in ours]
+    draft.update(observed_generation=job.metadata.generation)
+    _count_workers(draft, job, current)
+
+    if status.phase in FINISHED:
+        _after_finish(draft, job, ours)
+    elif job.spec.run_policy.suspend:
+        _suspend(draft, observed)
+    elif _deadline_passed(draft, job):
+        deadline = job.spec.run_policy.active_deadline_seconds
+        message = f"The job ran longer than activeDeadlineSeconds ({deadline}s)"
+        _delete(draft, [p for p in observed if p.active])
+        _finish(draft, job, ours, "Failed", "DeadlineExceeded", message)
+    elif stale:
+        _delete(draft, stale)
+    elif status.phase in NOT_CREATED:
+        if not any(p.deleting for p in current.values()):  # same names: let them go first
+            missing = [i for i in range(job.spec.nodes) if i not in current]
+            _create(draft, job, attempt, missing)
+    elif (worker0 := current.get(0)) is not None and worker0.phase == "Succeeded":
+        _finish(draft, job, ours, "Succeeded", "WorkerSucceeded", f"{worker0.name} completed")
+    elif failures := _failures(job, current):
+        _fail_or_restart(draft, job, failures, observed)
+    else:
+        _progress(draft, job, current)
+    return draft.decision()
+
+
+def _delete(draft: _Draft, pods: Iterable[PodView]) -> None:
+    """Delete `pods`, skipping those already going; repeated deletes are harmless."""
+    doomed = tuple(sorted({p.name for p in pods if not p.deleting}))
+    if doomed:
+        draft.actions.append(DeletePods(doomed))
+
+
+def _index_of(job: DDPTrainingJob, pod_name: str) -> int | None:
+    prefix = names.worker_name(job.name, 0)[:-1]
+    suffix = pod_name.removeprefix(prefix)
+    return int(suffix) if suffix != pod_name and suffix.isdigit() else None
+
+
+def _count_workers(draft: _Draft, job: DDPTrainingJob, current: Mapping[int, PodView]) -> None:
+    by_phase = [p.phase for p in current.values()]
+    draft.update(
+        workers=WorkerCounts(
+            total=job.spec.nodes,
+            pending=by_phase.count("Pending"),
+            running=by_phase.count("Running"),
+            succeeded=by_phase.count("Succeeded"),
+            failed=by_phase.count("Failed") + by_phase.count("Unknown"),
+        )
+    )
+
+
+def _create(draft: _Draft, job: DDPTrainingJob, attempt: int, indices: list[int]) -> None:
+    """Create the group for this attempt (first start, after a restart, or on resume)."""
+    draft.actions.append(CreateWorkers(attempt=attempt, indices=tuple(indices)))
+    workers = draft.status.workers or WorkerCounts()
+    draft.update(workers=workers.model_copy(update={"pending": workers.pending + len(indices)}))
+    if draft.status.start_time is None:
+        draft.update(start_time=draft.now)
+    resumed = draft.status.phase == "Suspended"
+    if resumed:
+        draft.condition("Suspended", "False", "Resumed", "The job was resumed")
+    message = f"Created {job.spec.nodes} worker pods (attempt {attempt})"
+    draft.condition("Created", "True", "WorkersCreated", message)
+    draft.phase("Pending", "Resumed" if resumed else "WorkersCreated", message)
+
+
+def _progress(draft: _Draft, job: DDPTrainingJob, current: Mapping[int, PodView]) -> None:
+    """Pending until every worker is placed, Starting until every worker runs, then Running."""
+    workers = sorted(current.values(), key=lambda p: p.index)
+    stuck = [p for p in workers if p.unschedulable]
+    if stuck:
+        message = f"{stuck[0].name}: {stuck[0].unschedulable}"
+        if condition_status(draft.status, "Schedulable") != "False":
+            draft.events.append(Event("Warning", "Unschedulable", message))
+        draft.condition("Schedulable", "False", "Unschedulable", message)
+    elif all(p.scheduled for p in workers):
+        draft.condition("Schedulable", "True", "Scheduled", "All worker pods are scheduled")
+
+    running = sum(p.phase in ("Running", "Succeeded") for p in workers)
+    if running == job.spec.nodes:
+        message = f"All {job.spec.nodes} workers are running"
+        draft.condition("Running", "True", "WorkersRunning", message)
+        if condition_status(draft.status, "Restarting") == "True":
+            draft.condition("Restarting", "False", "WorkersRunning", message)
+        draft.phase("Running", "WorkersRunning", message)
+    elif all(p.scheduled for p in workers):
+        draft.phase("Starting", "WorkersStarting", f"{running}/{job.spec.nodes} workers running")
+    else:
+        placed = sum(p.scheduled for p in workers)
+        draft.phase("Pending", "WorkersPending", f"{placed}/{job.spec.nodes} workers scheduled")
+
+
+@dataclass(frozen=True)
+class _WorkerFailure:
+    pod: str
+    index: int
+    exit_code: int | None
+    reason: str
+    message: str
+    finished_at: str
+
+    def describe(self) -> str:
+        what = f"exited with code {self.exit_code}" if self.exit_code is not None else "was lost"
+        detail = f" ({self.reason}{': ' + self.message if self.message else ''})"
+        return f"{self.pod} {what}{detail}"
+
+
+def _failures(job: DDPTrainingJob, current: Mapping[int, PodView]) -> list[_WorkerFailure]:
+    """Failed, lost or vanished workers of this attempt, the first one first."""
+    failures = []
+    for index in range(job.spec.nodes):
+        pod = current.get(index)
+        if pod is None:
+            name = names.worker_name(job.name, index)
+            failures.append(
+                _WorkerFailure(name, index, None, "Deleted", "the pod was deleted", "~")
+            )
+        elif pod.phase in ("Failed", "Unknown") or (pod.deleting and pod.phase != "Succeeded"):
+            reason = pod.reason or ("NodeLost" if pod.phase == "Unknown" else None)
+            reason = reason or ("Deleted" if pod.deleting else "Error")
+            failures.append(
+                _WorkerFailure(
+                    pod.name,
+                    index,
+                    pod.exit_code if pod.phase == "Failed" else None,
+                    reason,
+                    pod.message or "",
+                    pod.finished_at or "~",  # "~" sorts after any timestamp
+                )
+            )
+    return sorted(failures, key=lambda f: (f.finished_at, f.index))
+
+
+def is_retryable(job: DDPTrainingJob, failure: _WorkerFailure) -> bool:
+    """DESIGN.md's failure rules: which failures restart the group."""
+    policy = job.spec.run_policy
+    if policy.restart_policy == "Never":
+        return False
+    if policy.restart_policy == "OnFailure":
+        return True
+    if failure.exit_code is None:
+        return True  # evicted, deleted, node lost: nothing wrong with the program
+    if failure.reason in LOST_REASONS:
+        return True
+    return failure.exit_code >= RETRYABLE_EXIT_CODE or (
+        failure.exit_code in policy.retryable_exit_codes
+    )
+
+
+def _fail_or_restart(
+    draft: _Draft, job: DDPTrainingJob, failures: list[_WorkerFailure], pods: list[PodView]
+) -> None:
+    first = failures[0]
+    failure = Failure(
+        pod=first.pod, exit_code=first.exit_code, reason=first.reason, message=first.message
+    )
+    draft.update(failure=failure)
+    policy = job.spec.run_policy
+    retryable = is_retryable(job, first)
+    if retryable and draft.status.restarts < policy.backoff_limit:
+        restarts = draft.status.restarts + 1
+        message = (
+            f"{first.describe()}; restarting the group "
+            f"(restart {restarts} of at most {policy.backoff_limit})"
+        )
+        draft.update(restarts=restarts)
+        draft.condition("Restarting", "True", "WorkerFailed", message)
+        draft.condition("Running", "False", "WorkerFailed", message)
+        draft.phase("Restarting", "WorkerFailed", message, warning=True)
+        _delete(draft, pods)
+        return
+    if retryable:
+        reason = "BackoffLimitExceeded"
+        message = f"{first.describe()}; backoffLimit {policy.backoff_limit} reached"
+    elif policy.restart_policy == "Never":
+        reason = "WorkerFailed"
+        message = f"{first.describe()}; restartPolicy is Never"
+    else:
+        reason = "NonRetryableExitCode"
+        message = (
+            f"{first.describe()}; exit code {first.exit_code} is not retryable (codes >= 128 "
+            "and runPolicy.retryableExitCodes are)"
+        )
+    _finish(draft, job, pods, "Failed", reason, message)
+
+
+def _finish(
+    draft: _Draft,
+    job: DDPTrainingJob,
+    pods: list[PodView],
+    phase: Literal["Succeeded", "Failed"],
+    reason: str,
+    message: str,
+) -> None:
+    draft.update(completion_time=draft.now)
+    draft.condition(phase, "True", reason, message)
+    if condition_status(draft.status, "Running") is not None:
+        draft.condition("Running", "False", reason, message)
+    if condition_status(draft.status, "Restarting") == "True":
+        draft.condition("Restarting", "False", reason, message)
+    draft.phase(phase, reason, message, warning=phase == "Failed")
+    _after_finish(draft, job, pods)
+
+
+def _after_finish(draft: _Draft, job: DDPTrainingJob, pods: list[PodView]) -> None:
+    """cleanPodPolicy, then ttlSecondsAfterFinished."""
+    policy = job.spec.run_policy
+    if policy.clean_pod_policy == "All":
+        _delete(draft, pods)
+    elif policy.clean_pod_policy == "Running":
+        _delete(draft, [p for p in pods if p.active])
+    ttl = policy.ttl_seconds_after_finished
+    finished = draft.status.completion_time
+    if ttl is not None and finished is not None:
+        left = (finished + timedelta(seconds=ttl) - draft.now).total_seconds()
+        if left <= 0:
+            draft.actions.append(DeleteJob())
+        else:
+            draft.requeue(left)
+
+
+def _suspend(draft: _Draft, pods: list[PodView]) -> None:
+    """Suspended: no pods, the job kept; resuming recreates them without counting a restart."""
+    _delete(draft, pods)
+    message = "The job is suspended (runPolicy.suspend): its pods are removed"
+    draft.condition("Suspended", "True", "Suspended", message)
+    if condition_status(draft.status, "Running") == "True":
+        draft.condition("Running", "False", "Suspended", message)
+    draft.phase("Suspended", "Suspended", message)
+
+
+def _deadline_passed(draft: _Draft, job: DDPTrainingJob) -> bool:
+    deadline = job.spec.run_policy.active_deadline_seconds
+    started = draft.status.start_time
+    if deadline is None or started is None:
+        return False
+    left = (started + timedelta(seconds=deadline) - draft.now).total_seconds()
+    if left > 0:
+        draft.requeue(left)
+        return False
+    return True

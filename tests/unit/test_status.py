@@ -1,0 +1,423 @@
+"""The decision core as tables: job + observed pods -> status, actions, events."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from kube_ddp.api import DDPTrainingJob, JobStatus
+from kube_ddp.status import (
+    CreateWorkers,
+    Decision,
+    DeleteJob,
+    DeletePods,
+    PodView,
+    decide,
+)
+from tests.unit.support import job_document, make_job
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+UID = "uid-1"
+
+
+def job(status: dict[str, Any] | None = None, **spec: Any) -> DDPTrainingJob:
+    spec = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}, **spec}
+    document = job_document(spec)
+    document["metadata"].update(uid=UID, generation=4)
+    if status is not None:
+        document["status"] = status
+    base = make_job(**spec)
+    return base.model_validate(document, by_alias=True)
+
+
+def pod(index: int, phase: str = "Running", attempt: int = 0, **fields: Any) -> PodView:
+    fields.setdefault("scheduled", phase != "Pending")
+    fields.setdefault("owner_uid", UID)
+    return PodView(name=f"bar-worker-{index}", index=index, attempt=attempt, phase=phase, **fields)
+
+
+def running(restarts: int = 0, **extra: Any) -> dict[str, Any]:
+    return {
+        "phase": "Running",
+        "restarts": restarts,
+        "startTime": NOW - timedelta(minutes=5),
+        **extra,
+    }
+
+
+def delete(*indices: int) -> DeletePods:
+    return DeletePods(tuple(f"bar-worker-{i}" for i in indices))
+
+
+def condition(decision: Decision, type_: str) -> tuple[str, str | None] | None:
+    found = [c for c in decision.status.conditions if c.type == type_]
+    return (found[0].status, found[0].reason) if found else None
+
+
+def test_new_job_creates_its_workers() -> None:
+    decision = decide(job(), [], NOW)
+    assert decision.actions == (CreateWorkers(attempt=0, indices=(0, 1)),)
+    assert decision.status.phase == "Pending"
+    assert decision.status.start_time == NOW
+    assert decision.status.observed_generation == 4
+    assert decision.status.workers is not None and decision.status.workers.total == 2
+    assert condition(decision, "Created") == ("True", "WorkersCreated")
+    assert [e.reason for e in decision.events] == ["WorkersCreated"]
+
+
+def test_partial_creation_creates_only_what_is_missing() -> None:
+    decision = decide(job(), [pod(0, "Pending")], NOW)
+    assert decision.actions == (CreateWorkers(attempt=0, indices=(1,)),)
+
+
+def test_unschedulable_worker_is_reported_once() -> None:
+    stuck = pod(
+        1, "Pending", unschedulable="0/5 nodes are available: 5 Insufficient nvidia.com/gpu."
+    )
+    first = decide(job({"phase": "Pending"}), [pod(0, "Pending"), stuck], NOW)
+    assert first.status.phase == "Pending"
+    schedulable = next(c for c in first.status.conditions if c.type == "Schedulable")
+    assert (schedulable.status, schedulable.reason) == ("False", "Unschedulable")
+    assert schedulable.message == (
+        "bar-worker-1: 0/5 nodes are available: 5 Insufficient nvidia.com/gpu."
+    )
+    assert [(e.type, e.reason) for e in first.events] == [("Warning", "Unschedulable")]
+    again = decide(job(first.status.model_dump(by_alias=True)), [pod(0, "Pending"), stuck], NOW)
+    assert again.events == ()
+    assert again.status == first.status
+
+
+@pytest.mark.parametrize(
+    ("pods", "phase"),
+    [
+        ([pod(0, "Pending", scheduled=False), pod(1, "Pending", scheduled=False)], "Pending"),
+        ([pod(0, "Pending", scheduled=True), pod(1, "Running")], "Starting"),
+        ([pod(0), pod(1)], "Running"),
+        ([pod(0), pod(1, "Succeeded")], "Running"),
+    ],
+    ids=["unscheduled", "scheduled", "running", "worker 1 done early"],
+)
+def test_phase_follows_the_workers(pods: list[PodView], phase: str) -> None:
+    decision = decide(job({"phase": "Pending"}), pods, NOW)
+    assert decision.status.phase == phase
+    assert decision.actions == ()
+
+
+def test_running_sets_the_condition_and_counts() -> None:
+    decision = decide(job({"phase": "Starting"}), [pod(0), pod(1)], NOW)
+    assert condition(decision, "Running") == ("True", "WorkersRunning")
+    assert condition(decision, "Schedulable") == ("True", "Scheduled")
+    workers = decision.status.workers
+    assert workers is not None and (workers.running, workers.pending) == (2, 0)
+
+
+def test_expected_pods_count_as_pending_not_vanished() -> None:
+    decision = decide(job({"phase": "Pending"}), [pod(0)], NOW, expected=["bar-worker-1"])
+    assert decision.actions == ()
+    assert decision.status.phase == "Pending"
+    assert decision.status.restarts == 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "deleted"),
+    [("Running", (1,)), ("All", (0, 1)), ("None", None)],
+)
+def test_worker0_success_finishes_the_job(policy: str, deleted: tuple[int, ...] | None) -> None:
+    decision = decide(
+        job(running(), runPolicy={"cleanPodPolicy": policy}),
+        [pod(0, "Succeeded", exit_code=0), pod(1)],
+        NOW,
+    )
+    assert decision.status.phase == "Succeeded"
+    assert decision.status.completion_time == NOW
+    assert condition(decision, "Succeeded") == ("True", "WorkerSucceeded")
+    assert condition(decision, "Running") is None or condition(decision, "Running")[0] == "False"
+    assert decision.actions == ((delete(*deleted),) if deleted else ())
+    assert [e.reason for e in decision.events] == ["WorkerSucceeded"]
+
+
+# (case, runPolicy, restarts so far, the failed pod, expected phase, expected reason)
+FAILURES = [
+    (
+        "exit 137 restarts",
+        {},
+        0,
+        pod(1, "Failed", exit_code=137, reason="Error"),
+        "Restarting",
+        None,
+    ),
+    (
+        "exit 1 fails",
+        {},
+        0,
+        pod(1, "Failed", exit_code=1, reason="Error"),
+        "Failed",
+        "NonRetryableExitCode",
+    ),
+    (
+        "exit 1 listed as retryable",
+        {"retryableExitCodes": [1]},
+        0,
+        pod(1, "Failed", exit_code=1),
+        "Restarting",
+        None,
+    ),
+    (
+        "OnFailure retries exit 1",
+        {"restartPolicy": "OnFailure"},
+        0,
+        pod(1, "Failed", exit_code=1),
+        "Restarting",
+        None,
+    ),
+    (
+        "Never fails on 137",
+        {"restartPolicy": "Never"},
+        0,
+        pod(1, "Failed", exit_code=137),
+        "Failed",
+        "WorkerFailed",
+    ),
+    (
+        "backoffLimit reached",
+        {"backoffLimit": 1},
+        1,
+        pod(1, "Failed", exit_code=137, attempt=1),
+        "Failed",
+        "BackoffLimitExceeded",
+    ),
+    (
+        "backoffLimit 0",
+        {"backoffLimit": 0},
+        0,
+        pod(1, "Failed", exit_code=143),
+        "Failed",
+        "BackoffLimitExceeded",
+    ),
+    (
+        "evicted restarts",
+        {},
+        0,
+        pod(1, "Failed", reason="Evicted", message="low memory"),
+        "Restarting",
+        None,
+    ),
+    ("deleted restarts", {}, 0, pod(1, "Running", deleting=True), "Restarting", None),
+    ("node lost restarts", {}, 0, pod(1, "Unknown"), "Restarting", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("policy", "restarts", "failed", "phase", "reason"),
+    [case[1:] for case in FAILURES],
+    ids=[case[0] for case in FAILURES],
+)
+def test_failure_rules(
+    policy: dict[str, Any], restarts: int, failed: PodView, phase: str, reason: str | None
+) -> None:
+    worker0 = pod(0, attempt=restarts)
+    decision = decide(job(running(restarts), runPolicy=policy), [worker0, failed], NOW)
+    assert decision.status.phase == phase
+    failure = decision.status.failure
+    assert failure is not None and failure.pod == "bar-worker-1"
+    assert failure.exit_code == (failed.exit_code if failed.phase == "Failed" else None)
+    if phase == "Restarting":
+        assert decision.status.restarts == restarts + 1
+        assert condition(decision, "Restarting") == ("True", "WorkerFailed")
+        assert decision.actions == (
+            delete(*[p.index for p in (worker0, failed) if not p.deleting]),
+        )
+        assert [(e.type, e.reason) for e in decision.events] == [("Warning", "WorkerFailed")]
+    else:
+        assert decision.status.restarts == restarts
+        assert condition(decision, "Failed") == ("True", reason)
+        assert decision.status.completion_time == NOW
+        assert decision.actions == (delete(0),)  # cleanPodPolicy Running: the live worker goes
+
+
+def test_failure_message_names_the_pod_and_the_fix() -> None:
+    decision = decide(job(running()), [pod(0), pod(1, "Failed", exit_code=1, reason="Error")], NOW)
+    failed = next(c for c in decision.status.conditions if c.type == "Failed")
+    assert failed.message == (
+        "bar-worker-1 exited with code 1 (Error); exit code 1 is not retryable (codes >= 128 "
+        "and runPolicy.retryableExitCodes are)"
+    )
+
+
+def test_vanished_worker_restarts_the_group() -> None:
+    decision = decide(job(running()), [pod(0)], NOW)
+    assert decision.status.phase == "Restarting"
+    assert decision.status.failure is not None
+    assert (decision.status.failure.pod, decision.status.failure.reason) == (
+        "bar-worker-1",
+        "Deleted",
+    )
+    assert decision.actions == (delete(0),)
+
+
+def test_first_failure_decides() -> None:
+    root_cause = pod(1, "Failed", exit_code=1, finished_at="2026-11-22T11:59:00Z")
+    aftermath = pod(0, "Failed", exit_code=134, finished_at="2026-11-22T11:59:30Z")
+    decision = decide(job(running()), [aftermath, root_cause], NOW)
+    assert decision.status.phase == "Failed"
+    assert decision.status.failure is not None and decision.status.failure.exit_code == 1
+
+
+def test_restart_clears_the_old_attempt_before_creating_the_next() -> None:
+    restarting = {"phase": "Restarting", "restarts": 1, "startTime": NOW}
+    old = [pod(0, attempt=0), pod(1, "Failed", attempt=0, exit_code=137)]
+    assert decide(job(restarting), old, NOW).actions == (delete(0, 1),)
+    going = [pod(0, attempt=0, deleting=True)]
+    waiting = decide(job(restarting), going, NOW)
+    assert (waiting.actions, waiting.status.phase) == ((), "Restarting")
+    fresh = decide(job(restarting), [], NOW)
+    assert fresh.actions == (CreateWorkers(attempt=1, indices=(0, 1)),)
+    assert fresh.status.phase == "Pending"
+    assert fresh.status.restarts == 1
+    assert fresh.status.start_time == NOW
+
+
+def test_restarting_condition_clears_when_the_group_runs_again() -> None:
+    status = running(1, phase="Starting")
+    status["conditions"] = [
+        {"type": "Restarting", "status": "True", "reason": "WorkerFailed", "message": "x"}
+    ]
+    decision = decide(job(status), [pod(0, attempt=1), pod(1, attempt=1)], NOW)
+    assert decision.status.phase == "Running"
+    assert condition(decision, "Restarting") == ("False", "WorkersRunning")
+
+
+def test_pods_of_an_earlier_job_with_the_same_name_go_first() -> None:
+    foreign = pod(0, owner_uid="old-uid")
+    decision = decide(job(), [foreign], NOW)
+    assert decision.actions == (delete(0),)
+    assert decision.status.phase is None
+
+
+def test_ttl_after_finish() -> None:
+    finished = {"phase": "Succeeded", "completionTime": NOW - timedelta(seconds=30)}
+    waiting = decide(job(finished, runPolicy={"ttlSecondsAfterFinished": 60}), [], NOW)
+    assert waiting.actions == ()
+    assert waiting.requeue_after == pytest.approx(30)
+    due = decide(job(finished, runPolicy={"ttlSecondsAfterFinished": 20}), [], NOW)
+    assert due.actions == (DeleteJob(),)
+
+
+def test_finished_job_keeps_its_phase_and_cleans_late_pods() -> None:
+    finished = {"phase": "Failed", "completionTime": NOW}
+    decision = decide(job(finished), [pod(1)], NOW)
+    assert decision.status.phase == "Failed"
+    assert decision.actions == (delete(1),)
+    assert decision.events == ()
+
+
+def test_active_deadline() -> None:
+    policy = {"activeDeadlineSeconds": 600, "cleanPodPolicy": "None"}
+    early = decide(job(running(), runPolicy=policy), [pod(0), pod(1)], NOW)
+    assert early.status.phase == "Running"
+    assert early.requeue_after == pytest.approx(300)
+    late = decide(job(running(), runPolicy=policy), [pod(0), pod(1)], NOW + timedelta(seconds=301))
+    assert late.status.phase == "Failed"
+    assert condition(late, "Failed") == ("True", "DeadlineExceeded")
+    assert late.actions == (delete(0, 1),)  # past the deadline nothing keeps running
+
+
+def test_suspend_and_resume_count_no_restart() -> None:
+    suspended = decide(job(running(), runPolicy={"suspend": True}), [pod(0), pod(1)], NOW)
+    assert suspended.status.phase == "Suspended"
+    assert suspended.actions == (delete(0, 1),)
+    assert condition(suspended, "Suspended") == ("True", "Suspended")
+    status = suspended.status.model_dump(by_alias=True)
+    resumed = decide(job(status), [], NOW)
+    assert resumed.actions == (CreateWorkers(attempt=0, indices=(0, 1)),)
+    assert resumed.status.restarts == 0
+    assert resumed.status.phase == "Pending"
+    assert condition(resumed, "Suspended") == ("False", "Resumed")
+
+
+def test_created_suspended_creates_nothing() -> None:
+    decision = decide(job(runPolicy={"suspend": True}), [], NOW)
+    assert decision.actions == ()
+    assert decision.status.phase == "Suspended"
+
+
+def test_decisions_are_stable() -> None:
+    """Deciding again on what was decided changes nothing and says nothing."""
+    created = ("bar-worker-0", "bar-worker-1")
+    cases = [
+        (job(), [], created),  # just created: the watch has not shown the pods yet
+        (job({"phase": "Pending"}), [pod(0), pod(1)], ()),
+        (job(running()), [pod(0), pod(1, "Failed", exit_code=1)], ()),
+    ]
+    for start, pods, expected in cases:
+        first = decide(start, pods, NOW)
+        status = JobStatus.model_validate(first.status.model_dump(by_alias=True, exclude_none=True))
+        second = decide(start.model_copy(update={"status": status}), pods, NOW, expected)
+        assert second.status == first.status
+        assert second.events == ()
+
+
+def test_pod_view_reads_a_real_pod() -> None:
+    raw = {
+        "metadata": {
+            "name": "bar-worker-1",
+            "labels": {"kubeddp.io/replica-index": "1", "kubeddp.io/attempt": "2"},
+            "ownerReferences": [{"uid": UID, "controller": True}],
+            "deletionTimestamp": "2026-11-22T12:00:00Z",
+        },
+        "spec": {"nodeName": "gpu-0"},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "state": {
+                        "terminated": {
+                            "exitCode": 137,
+                            "reason": "OOMKilled",
+                            "finishedAt": "2026-11-22T11:00:00Z",
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    view = PodView.from_pod(raw)
+    assert view == PodView(
+        name="bar-worker-1",
+        index=1,
+        attempt=2,
+        phase="Failed",
+        deleting=True,
+        exit_code=137,
+        reason="OOMKilled",
+        message=None,
+        finished_at="2026-11-22T11:00:00Z",
+        scheduled=True,
+        owner_uid=UID,
+    )
+
+
+def test_pod_view_reads_the_schedulers_verdict() -> None:
+    raw = {
+        "metadata": {"name": "bar-worker-0", "labels": {}},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/5 nodes are available",
+                }
+            ],
+        },
+    }
+    view = PodView.from_pod(raw)
+    assert (view.scheduled, view.unschedulable, view.index) == (
+        False,
+        "0/5 nodes are available",
+        -1,
+    )
