@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ddp_trainer.options import to_argv
@@ -378,3 +380,31 @@ def build_children(
     if job.spec.launcher == "mpi":
         return [build_mpijob(job, attempt, settings)]
     return [build_service(job), *build_worker_pods(job, attempt, settings)]
+
+
+def build_event(
+    job: Mapping[str, Any], type_: str, reason: str, message: str, now: datetime
+) -> Obj:
+    """A core/v1 Event about `job` (a job object as read from the API)."""
+    metadata = job["metadata"]
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{metadata['name']}.", "namespace": metadata["namespace"]},
+        "involvedObject": {
+            "apiVersion": names.API_VERSION,
+            "kind": names.KIND,
+            "name": metadata["name"],
+            "namespace": metadata["namespace"],
+            "uid": metadata.get("uid"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": names.MANAGED_BY},
+        "reportingComponent": names.MANAGED_BY,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

@@ -79,6 +79,36 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    import kopf
+
+    from kube_ddp import handlers  # noqa: F401  (registers the handlers with kopf)
+    from kube_ddp.config import OperatorConfig
+
+    config = OperatorConfig(
+        namespaces=tuple(args.namespace or ()),
+        kubeconfig=args.kubeconfig,
+        trainer_image=args.trainer_image,
+        health_port=args.health_port,
+        metrics_port=args.metrics_port,
+        json_logs=args.json_logs,
+        workers=args.workers,
+    )
+    kopf.configure(
+        verbose=args.verbose,
+        log_format=kopf.LogFormat.JSON if config.json_logs else kopf.LogFormat.FULL,
+    )
+    liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
+    kopf.run(
+        standalone=True,  # one operator at a time: the chart runs one replica, Recreate
+        clusterwide=config.clusterwide,
+        namespaces=config.namespaces,
+        liveness_endpoint=liveness,
+        memo=kopf.Memo(config=config),
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kube-ddp", description="Run PyTorch DDP training jobs on Kubernetes."
@@ -102,6 +132,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--attempt", type=int, default=0, help="the group restart count to render (default 0)"
     )
     render.set_defaults(run=cmd_render)
+
+    operator = commands.add_parser("operator", help="run the operator")
+    scope = operator.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", action="append", help="watch this namespace (repeatable)"
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (default)"
+    )
+    operator.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~)")
+    operator.add_argument(
+        "--trainer-image",
+        default=names.DEFAULT_TRAINER_IMAGE,
+        help="image of jobs that name none (default: %(default)s)",
+    )
+    operator.add_argument(
+        "--health-port", type=int, default=8080, help="/healthz port, 0 for none (8080)"
+    )
+    operator.add_argument(
+        "--metrics-port", type=int, default=8081, help="/metrics port, 0 for none (8081)"
+    )
+    operator.add_argument("--json-logs", action="store_true", help="log JSON lines")
+    operator.add_argument("--workers", type=int, default=8, help="jobs reconciled concurrently (8)")
+    operator.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    operator.set_defaults(run=cmd_operator)
     return parser
 
 

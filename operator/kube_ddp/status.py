@@ -246,7 +246,9 @@ def decide(
     draft.update(observed_generation=job.metadata.generation)
     _count_workers(draft, job, current)
 
-    if status.phase in FINISHED:
+    if job.spec.launcher == "mpi":
+        _delegate_to_mpi_operator(draft)
+    elif status.phase in FINISHED:
         _after_finish(draft, job, ours)
     elif job.spec.run_policy.suspend:
         _suspend(draft, observed)
@@ -268,6 +270,27 @@ def decide(
     else:
         _progress(draft, job, current)
     return draft.decision()
+
+
+def reject(status: JobStatus, problems: list[str], now: datetime) -> Decision:
+    """A job whose spec the models refuse (it slipped past the schema): Failed, with why."""
+    draft = _Draft(status=status, now=now)
+    if status.phase != "Failed":
+        message = "Invalid spec: " + "; ".join(problems)
+        draft.update(completion_time=now)
+        draft.condition("Failed", "True", "InvalidSpec", message)
+        draft.phase("Failed", "InvalidSpec", message, warning=True)
+    return draft.decision()
+
+
+def _delegate_to_mpi_operator(draft: _Draft) -> None:
+    """launcher: mpi — create the MPIJob once; the MPI Operator runs and restarts its pods."""
+    if draft.status.phase is None:
+        message = "Created the MPIJob; the MPI Operator runs its launcher and workers"
+        draft.actions.append(CreateWorkers(attempt=0, indices=()))
+        draft.update(start_time=draft.now)
+        draft.condition("Created", "True", "MPIJobCreated", message)
+        draft.phase("Pending", "MPIJobCreated", message)
 
 
 def _delete(draft: _Draft, pods: Iterable[PodView]) -> None:

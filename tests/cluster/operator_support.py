@@ -1,0 +1,157 @@
+"""Running the real operator (`kube-ddp operator`) against the local control plane."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kube_ddp import names
+from tests.cluster.support import Cluster, wait_for
+
+KUBE_DDP = Path(sys.executable).with_name("kube-ddp")
+SIM_EXIT_CODE = "sim.kubeddp.io/exit-code"
+
+
+@dataclass
+class OperatorProcess:
+    """One `kube-ddp operator` process watching one namespace, its log in a file."""
+
+    cluster: Cluster
+    namespace: str
+    log_path: Path
+    extra_args: tuple[str, ...] = ()
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def start(self) -> None:
+        command = [
+            str(KUBE_DDP),
+            "operator",
+            f"--kubeconfig={self.cluster.kubeconfig}",
+            f"--namespace={self.namespace}",
+            "--health-port=0",
+            "--metrics-port=0",
+            "--trainer-image=registry.invalid/kube-ddp/trainer:test",
+            *self.extra_args,
+        ]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}
+            )
+
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown, as when a node or the container dies."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@contextmanager
+def running_operator(
+    cluster: Cluster, namespace: str, log_dir: Path, *extra_args: str
+) -> Iterator[OperatorProcess]:
+    operator = OperatorProcess(cluster, namespace, log_dir / "operator.log", extra_args)
+    operator.start()
+    try:
+        yield operator
+    except BaseException:
+        print("---- operator log ----\n" + operator.log()[-6000:])
+        raise
+    finally:
+        operator.stop()
+
+
+def job_manifest(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+class Jobs:
+    """DDPTrainingJobs and their pods in one namespace, through the admin client."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self.cluster.custom_objects.create_namespaced_custom_object(
+            names.GROUP, names.VERSION, self.namespace, names.PLURAL, manifest
+        )
+        return result
+
+    def get(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.cluster.custom_objects.get_namespaced_custom_object(
+            names.GROUP, names.VERSION, self.namespace, names.PLURAL, name
+        )
+        return result
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self.get(name).get("status") or {})
+
+    def delete(self, name: str) -> None:
+        self.cluster.custom_objects.delete_namespaced_custom_object(
+            names.GROUP, names.VERSION, self.namespace, names.PLURAL, name
+        )
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 30) -> dict[str, Any]:
+        return wait_for(
+            lambda: (s := self.status(name)).get("phase") == phase and s,
+            f"{name} to reach phase {phase}",
+            timeout=timeout,
+        )
+
+    def pods(self, job: str) -> list[Any]:
+        selector = f"{names.LABEL_JOB_NAME}={job}"
+        items = self.cluster.core.list_namespaced_pod(self.namespace, label_selector=selector)
+        return sorted(items.items, key=lambda p: p.metadata.name)
+
+    def wait_pods(
+        self, job: str, count: int, phase: str = "Running", attempt: int = 0, timeout: float = 30
+    ) -> list[Any]:
+        def ready() -> list[Any] | None:
+            pods = [
+                p
+                for p in self.pods(job)
+                if p.status.phase == phase
+                and p.metadata.labels.get(names.LABEL_ATTEMPT) == str(attempt)
+                and p.metadata.deletion_timestamp is None
+            ]
+            return pods if len(pods) == count else None
+
+        return wait_for(ready, f"{count} {phase} pods of {job} (attempt {attempt})", timeout)
+
+    def end_worker(self, pod_name: str, exit_code: int) -> None:
+        """Make a running worker exit with `exit_code` (kwok's simulated kubelet obeys)."""
+        body = {"metadata": {"annotations": {SIM_EXIT_CODE: str(exit_code)}}}
+        self.cluster.core.patch_namespaced_pod(pod_name, self.namespace, body)
+
+    def events(self, name: str) -> list[str]:
+        items = self.cluster.core.list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={name}"
+        ).items
+        return [e.reason for e in sorted(items, key=lambda e: e.metadata.creation_timestamp)]
+
+
+def env_of(pod: Any) -> dict[str, str]:
+    return {e.name: e.value for e in pod.spec.containers[0].env}

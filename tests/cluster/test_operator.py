@@ -1,0 +1,223 @@
+"""The operator against the real control plane: children, status, group restarts, resume.
+
+Worker outcomes are driven by kwok through the `sim.kubeddp.io/exit-code` annotation
+(hack/README.md); everything else is the real API server, scheduler and garbage collector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.operator_support import (
+    Jobs,
+    OperatorProcess,
+    env_of,
+    job_manifest,
+    running_operator,
+)
+from tests.cluster.support import Cluster, wait_for
+
+GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
+
+
+@pytest.fixture
+def jobs(cluster: Cluster, namespace: str) -> Jobs:
+    return Jobs(cluster, namespace)
+
+
+@pytest.fixture
+def operator(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    with running_operator(cluster, namespace, tmp_path) as process:
+        yield process
+
+
+def test_gpu_job_runs_and_succeeds(cluster: Cluster, jobs: Jobs, operator: OperatorProcess) -> None:
+    jobs.create(job_manifest("bar", **GPU_2X8))
+    pods = jobs.wait_pods("bar", 2)
+    service = cluster.core.read_namespaced_service("bar", jobs.namespace)
+    assert service.spec.cluster_ip == "None"
+    assert service.spec.publish_not_ready_addresses is True
+    for rank, pod in enumerate(pods):
+        assert pod.metadata.name == f"bar-worker-{rank}"
+        assert pod.spec.node_name.startswith("gpu-node-")
+        assert pod.metadata.owner_references[0].kind == "DDPTrainingJob"
+        env = env_of(pod)
+        assert env["WORLD_SIZE"] == "16"
+        assert env["NODE_RANK"] == str(rank)
+        assert env["MASTER_ADDR"] == f"bar-worker-0.bar.{jobs.namespace}.svc"
+        assert env["DDP_BACKEND"] == "nccl"
+        assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "8"
+    status = jobs.wait_phase("bar", "Running")
+    assert status["workers"] == {
+        "total": 2,
+        "pending": 0,
+        "running": 2,
+        "succeeded": 0,
+        "failed": 0,
+    }
+    assert status["startTime"]
+    assert status["observedGeneration"] == 1
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Created": "True",
+        "Schedulable": "True",
+        "Running": "True",
+    }
+
+    jobs.end_worker("bar-worker-0", 0)
+    status = jobs.wait_phase("bar", "Succeeded")
+    assert status["completionTime"]
+    wait_for(
+        lambda: [p.metadata.name for p in jobs.pods("bar")] == ["bar-worker-0"],
+        "the still-running worker 1 to be removed (cleanPodPolicy Running)",
+    )
+    events = jobs.events("bar")
+    assert events[0] == "WorkersCreated"
+    assert "WorkersRunning" in events
+    assert events[-1] == "WorkerSucceeded"
+
+
+def test_gaudi_job(jobs: Jobs, operator: OperatorProcess) -> None:
+    jobs.create(job_manifest("hpu", nodes=2, accelerator={"type": "gaudi", "perNode": 8}))
+    pods = jobs.wait_pods("hpu", 2)
+    for pod in pods:
+        assert pod.spec.node_name.startswith("gaudi-node-")
+        assert pod.spec.host_ipc is True
+        assert pod.spec.containers[0].resources.limits["habana.ai/gaudi"] == "8"
+        assert env_of(pod)["DDP_BACKEND"] == "hccl"
+    jobs.wait_phase("hpu", "Running")
+
+
+def test_retryable_exit_restarts_the_group(jobs: Jobs, operator: OperatorProcess) -> None:
+    jobs.create(job_manifest("bar", **GPU_2X8))
+    first = jobs.wait_pods("bar", 2)
+    jobs.wait_phase("bar", "Running")
+    jobs.end_worker("bar-worker-1", 137)
+    second = jobs.wait_pods("bar", 2, attempt=1)
+    assert {p.metadata.uid for p in second}.isdisjoint(p.metadata.uid for p in first)
+    assert all(env_of(p)["KUBEDDP_ATTEMPT"] == "1" for p in second)
+    status = jobs.wait_phase("bar", "Running")
+    assert status["restarts"] == 1
+    assert (
+        status["failure"]
+        == {
+            "pod": "bar-worker-1",
+            "exitCode": 137,
+            "reason": "Error",
+            "message": "",
+        }
+        or status["failure"]["exitCode"] == 137
+    )
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Restarting"]["status"] == "False"
+    assert "WorkerFailed" in jobs.events("bar")
+
+
+def test_non_retryable_exit_fails_the_job(jobs: Jobs, operator: OperatorProcess) -> None:
+    jobs.create(job_manifest("bar", **GPU_2X8))
+    jobs.wait_phase("bar", "Running")
+    jobs.end_worker("bar-worker-1", 1)
+    status = jobs.wait_phase("bar", "Failed")
+    assert status["failure"]["pod"] == "bar-worker-1"
+    assert status["failure"]["exitCode"] == 1
+    assert status["restarts"] == 0
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "NonRetryableExitCode"
+    assert "bar-worker-1 exited with code 1" in failed["message"]
+    wait_for(
+        lambda: [p.metadata.name for p in jobs.pods("bar")] == ["bar-worker-1"],
+        "the running worker 0 to be removed",
+    )
+
+
+def test_exhausted_backoff_limit_fails_the_job(jobs: Jobs, operator: OperatorProcess) -> None:
+    jobs.create(job_manifest("bar", runPolicy={"backoffLimit": 1}, **GPU_2X8))
+    jobs.wait_phase("bar", "Running")
+    jobs.end_worker("bar-worker-0", 137)
+    jobs.wait_pods("bar", 2, attempt=1)
+    jobs.end_worker("bar-worker-0", 137)
+    status = jobs.wait_phase("bar", "Failed")
+    assert status["restarts"] == 1
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+
+
+def test_deleted_worker_restarts_the_group(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create(job_manifest("bar", **GPU_2X8))
+    jobs.wait_phase("bar", "Running")
+    cluster.core.delete_namespaced_pod("bar-worker-1", jobs.namespace)
+    jobs.wait_pods("bar", 2, attempt=1)
+    status = jobs.wait_phase("bar", "Running")
+    assert status["restarts"] == 1
+    assert status["failure"]["pod"] == "bar-worker-1"
+    assert status["failure"]["reason"] == "Deleted"
+
+
+def test_operator_restart_mid_job_duplicates_nothing(
+    cluster: Cluster, namespace: str, jobs: Jobs, tmp_path: Path
+) -> None:
+    with running_operator(cluster, namespace, tmp_path) as first:
+        jobs.create(job_manifest("bar", **GPU_2X8))
+        before = jobs.wait_pods("bar", 2)
+        jobs.wait_phase("bar", "Running")
+        first.kill()
+    with running_operator(cluster, namespace, tmp_path):
+        # the new operator resumes: same pods, no second set, no restart counted
+        jobs.end_worker("bar-worker-1", 0)  # a worker may finish early; worker 0 decides
+        jobs.end_worker("bar-worker-0", 0)
+        status = jobs.wait_phase("bar", "Succeeded")
+        assert status["restarts"] == 0
+        after = jobs.pods("bar")
+        assert [p.metadata.uid for p in after] == [p.metadata.uid for p in before]
+
+
+def test_unschedulable_job_says_why(jobs: Jobs, operator: OperatorProcess) -> None:
+    jobs.create(job_manifest("big", nodes=1, accelerator={"type": "nvidia", "perNode": 9}))
+
+    def not_schedulable() -> dict[str, str] | None:
+        conditions = {c["type"]: c for c in jobs.status("big").get("conditions", [])}
+        found = conditions.get("Schedulable")
+        return found if found and found["status"] == "False" else None
+
+    condition = wait_for(not_schedulable, "Schedulable=False on the job")
+    assert condition["reason"] == "Unschedulable"
+    assert condition["message"].startswith("big-worker-0: 0/")
+    assert "Insufficient nvidia.com/gpu" in condition["message"]
+    assert jobs.status("big")["phase"] == "Pending"
+    assert "Unschedulable" in jobs.events("big")
+
+
+def test_deleting_a_job_removes_its_children_without_the_operator(
+    cluster: Cluster, namespace: str, jobs: Jobs, tmp_path: Path
+) -> None:
+    with running_operator(cluster, namespace, tmp_path):
+        jobs.create(job_manifest("bar", **GPU_2X8))
+        jobs.wait_pods("bar", 2)
+    jobs.delete("bar")  # the operator is stopped: no finalizer may hold the job
+    wait_for(lambda: not jobs.pods("bar"), "the garbage collector to remove the pods")
+    wait_for(
+        lambda: not cluster.core.list_namespaced_service(namespace).items,
+        "the garbage collector to remove the Service",
+    )
+
+
+def test_spec_the_api_server_refuses_in_a_pod_fails_the_job(
+    jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """The template is free-form in the schema: a volume without a source passes the CRD but
+    not pod validation. That job is Failed with the API server's words; others go on."""
+    template = {
+        "volumes": [{"name": "data"}],
+        "volumeMounts": [{"name": "data", "mountPath": "/d"}],
+    }
+    jobs.create(job_manifest("bad", nodes=1, template=template))
+    status = jobs.wait_phase("bad", "Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert "must specify exactly 1 of" in failed["message"] or "volumes" in failed["message"]
+    jobs.create(job_manifest("good", nodes=1))
+    jobs.wait_phase("good", "Running")
