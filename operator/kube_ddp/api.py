@@ -476,6 +476,56 @@ class DDPTrainingJobSpec(Model):
         return ACCELERATOR_BACKENDS[self.accelerator.type]
 
 
+# Fields a live job keeps: its running group was built from them. runPolicy may change
+# (suspend, deadline, TTL, backoff); template only while suspended, when Kueue writes node
+# selectors. Only the API server knows the old object, so these rules are CEL alone.
+IMMUTABLE_SPEC_FIELDS = (
+    "nodes",
+    "accelerator",
+    "nprocPerNode",
+    "launcher",
+    "backend",
+    "port",
+    "image",
+    "imagePullPolicy",
+    "trainer",
+    "command",
+    "args",
+    "env",
+    "resources",
+    "elastic",
+    "mpi",
+)
+
+
+def _unchanged(field: str) -> str:
+    return (
+        f"has(self.{field}) == has(oldSelf.{field}) && "
+        f"(!has(self.{field}) || self.{field} == oldSelf.{field})"
+    )
+
+
+def transition_rules() -> list[dict[str, str]]:
+    """CEL rules on spec updates: what may not change once the job exists."""
+    rules = [
+        {
+            "rule": _unchanged(field),
+            "message": f"spec.{field} cannot change on an existing job: delete the job and "
+            "create it again (checkpoints let it resume)",
+        }
+        for field in IMMUTABLE_SPEC_FIELDS
+    ]
+    rules.append(
+        {
+            "rule": "(has(oldSelf.runPolicy) && has(oldSelf.runPolicy.suspend) && "
+            "oldSelf.runPolicy.suspend) || " + _unchanged("template"),
+            "message": "spec.template can change only while the job is suspended "
+            "(runPolicy.suspend: true)",
+        }
+    )
+    return rules
+
+
 # --- status -------------------------------------------------------------------------------
 
 Phase = Literal["Pending", "Starting", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]

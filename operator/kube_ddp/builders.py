@@ -218,7 +218,8 @@ def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
         "affinity": template.affinity,
         "priorityClassName": template.priority_class_name,
         "schedulerName": template.scheduler_name,
-        "serviceAccountName": template.service_account_name,
+        # The user's account wins; the reporter then needs that account to have the rights.
+        "serviceAccountName": template.service_account_name or reporter_account(job),
         "securityContext": template.security_context,
     }
     pod.update({key: value for key, value in optional.items() if value is not None})
@@ -235,6 +236,49 @@ def _pod_metadata(job: DDPTrainingJob, name: str | None, labels: dict[str, str])
 
 
 # --- the children -----------------------------------------------------------------------------
+
+
+def reporter_account(job: DDPTrainingJob) -> str:
+    """The ServiceAccount the workers run as, so the trainer can report its progress."""
+    return f"{job.name}-trainer"
+
+
+def build_reporter_rbac(job: DDPTrainingJob) -> list[Obj]:
+    """ServiceAccount, Role and RoleBinding that allow exactly one thing: get and patch this
+    job's status (the trainer's rank 0 writes status.training through them)."""
+    account = reporter_account(job)
+    labels = job_labels(job)
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _metadata(job, account, labels),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _metadata(job, account, labels),
+            "rules": [
+                {
+                    "apiGroups": [names.GROUP],
+                    "resources": [f"{names.PLURAL}/status"],
+                    "resourceNames": [job.name],
+                    "verbs": ["get", "patch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata(job, account, labels),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": account,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": job.namespace}],
+        },
+    ]
 
 
 def build_service(job: DDPTrainingJob) -> Obj:
@@ -375,11 +419,13 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
 def build_children(
     job: DDPTrainingJob, attempt: int = 0, settings: BuildSettings | None = None
 ) -> list[Obj]:
-    """Everything the operator creates for `job` at `attempt`, in creation order."""
+    """Everything the operator creates for `job` at `attempt`, in creation order: pods last,
+    since they name the ServiceAccount."""
     settings = settings or BuildSettings()
+    rbac = build_reporter_rbac(job)
     if job.spec.launcher == "mpi":
-        return [build_mpijob(job, attempt, settings)]
-    return [build_service(job), *build_worker_pods(job, attempt, settings)]
+        return [*rbac, build_mpijob(job, attempt, settings)]
+    return [build_service(job), *rbac, *build_worker_pods(job, attempt, settings)]
 
 
 def build_event(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kube_ddp import names
-from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, JobStatus, Model
+from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, JobStatus, Model, transition_rules
 
 Schema = dict[str, Any]
 
@@ -103,6 +103,7 @@ def openapi_schema(model: type[Model]) -> Schema:
 
 def _root_schema() -> Schema:
     spec = openapi_schema(DDPTrainingJobSpec)
+    spec["x-kubernetes-validations"] += transition_rules()
     # The trainer's defaults live in the trainer image, which may be newer than this CRD;
     # status is written by the operator, which needs no defaulting.
     spec["properties"]["trainer"] = _strip_defaults(spec["properties"]["trainer"])

@@ -168,9 +168,14 @@ class Operator:
                 or int(child["metadata"]["labels"][names.LABEL_REPLICA_INDEX]) in action.indices
             ]
             kopf.adopt(children, owner=kopf.Body(cast(kopf.RawBody, body)))
-            pod_names = [c["metadata"]["name"] for c in children if c["kind"] == "Pod"]
-            self.expectations.expect(key, pod_names, asyncio.get_running_loop().time())
-            await asyncio.gather(*(self.kube.create(child) for child in children))
+            pods = [c for c in children if c["kind"] == "Pod"]
+            others = [c for c in children if c["kind"] != "Pod"]
+            self.expectations.expect(
+                key, [p["metadata"]["name"] for p in pods], asyncio.get_running_loop().time()
+            )
+            # Pods name the ServiceAccount, which must exist before them.
+            await asyncio.gather(*(self.kube.create(child) for child in others))
+            await asyncio.gather(*(self.kube.create(child) for child in pods))
         elif isinstance(action, DeletePods):
             await asyncio.gather(*(self.kube.delete_pod(namespace, pod) for pod in action.names))
         elif isinstance(action, DeleteJob):

@@ -145,9 +145,42 @@ def test_pod_identity_labels_and_dns() -> None:
     assert "ownerReferences" not in pod["metadata"]
 
 
+def test_children_in_creation_order() -> None:
+    children = build_children(make_job(**GPU_2X8), settings=SETTINGS)
+    assert [(c["kind"], c["metadata"]["name"]) for c in children] == [
+        ("Service", "bar"),
+        ("ServiceAccount", "bar-trainer"),
+        ("Role", "bar-trainer"),
+        ("RoleBinding", "bar-trainer"),
+        ("Pod", "bar-worker-0"),
+        ("Pod", "bar-worker-1"),
+    ]
+    for child in children:
+        validate_strict(child)
+        assert child["metadata"]["labels"][names.LABEL_JOB_NAME] == "bar"
+
+
+def test_reporter_may_only_touch_its_own_jobs_status() -> None:
+    _, account, role, binding, *pods = build_children(make_job(**GPU_2X8), settings=SETTINGS)
+    assert role["rules"] == [
+        {
+            "apiGroups": ["kubeddp.io"],
+            "resources": ["ddptrainingjobs/status"],
+            "resourceNames": ["bar"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "ns1"}
+    ]
+    assert {p["spec"]["serviceAccountName"] for p in pods} == {"bar-trainer"}
+
+
 def test_service_is_headless_and_selects_the_job() -> None:
-    service, *pods = build_children(make_job(**GPU_2X8), settings=SETTINGS)
-    validate_strict(service)
+    children = build_children(make_job(**GPU_2X8), settings=SETTINGS)
+    service = children[0]
+    pods = [c for c in children if c["kind"] == "Pod"]
     assert service["metadata"]["name"] == "bar"
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
@@ -290,7 +323,7 @@ def test_default_image_comes_from_the_settings() -> None:
 
 def test_port_is_used_everywhere() -> None:
     job = make_job(nodes=2, port=23456)
-    service, pod, _ = build_children(job, settings=SETTINGS)
+    service, *_, pod, _ = build_children(job, settings=SETTINGS)
     assert service["spec"]["ports"][0]["port"] == 23456
     container = container_of(pod)
     assert env_of(container)["MASTER_PORT"] == "23456"
@@ -369,4 +402,4 @@ def test_mpijob_exports_the_contract_and_user_env() -> None:
 
 def test_mpi_launcher_children_are_one_mpijob() -> None:
     children = build_children(make_job(launcher="mpi", **GAUDI_2X8), settings=SETTINGS)
-    assert [c["kind"] for c in children] == ["MPIJob"]
+    assert [c["kind"] for c in children] == ["ServiceAccount", "Role", "RoleBinding", "MPIJob"]

@@ -37,8 +37,12 @@ def env(pod: dict[str, Any]) -> dict[str, str]:
 def test_render_bar_in_ns1(capsys: pytest.CaptureFixture[str], write_job) -> None:
     code, objects, err = render(capsys, write_job(BAR), "--namespace", "ns1")
     assert (code, err) == (0, "")
-    service, *pods = objects
-    assert (service["kind"], service["metadata"]["name"]) == ("Service", "bar")
+    service = objects[0]
+    pods = [o for o in objects if o["kind"] == "Pod"]
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] == "Service"] == [
+        ("Service", "bar")
+    ]
+    assert service["spec"]["clusterIP"] == "None"
     assert [p["metadata"]["name"] for p in pods] == ["bar-worker-0", "bar-worker-1"]
     for rank, pod in enumerate(pods):
         assert env(pod)["WORLD_SIZE"] == "16"
@@ -112,7 +116,7 @@ def test_several_jobs_in_one_file(capsys: pytest.CaptureFixture[str], write_job)
     second = BAR.replace("name: bar", "name: baz").replace("nodes: 2", "nodes: 1")
     code, objects, _ = render(capsys, write_job(BAR + "---\n" + second))
     assert code == 0
-    assert [o["metadata"]["name"] for o in objects] == [
+    assert [o["metadata"]["name"] for o in objects if o["kind"] in ("Service", "Pod")] == [
         "bar",
         "bar-worker-0",
         "bar-worker-1",

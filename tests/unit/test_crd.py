@@ -64,7 +64,15 @@ def test_cross_field_rules_are_cel_validations() -> None:
     models = [api.DDPTrainingJob, api.DDPTrainingJobSpec, api.Accelerator, api.ElasticPolicy]
     models += [api.EnvVar, api.Resources, api.PodTemplateOverrides]
     expected = [rule.cel for model in models for rule in model.RULES]
+    expected += [rule["rule"] for rule in api.transition_rules()]
     assert sorted(rules) == sorted(expected)
+
+
+def test_live_jobs_keep_their_shape_but_not_their_run_policy() -> None:
+    transitions = [r["rule"] for r in SPEC["x-kubernetes-validations"] if "oldSelf" in r["rule"]]
+    spec_fields = set(SPEC["properties"])
+    guarded = {f for f in spec_fields if any(f"self.{f} ==" in rule for rule in transitions)}
+    assert guarded == spec_fields - {"runPolicy"}
 
 
 def test_trainer_keys_are_exactly_the_trainer_options() -> None:
