@@ -1,0 +1,306 @@
+"""Job lifecycle on the real control plane: deadline, TTL, suspend, spec changes, progress
+reporting through the job's own ServiceAccount, metrics, and many jobs at once."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+
+from ddp_trainer.report import StatusReporter, training_patch
+from kube_ddp import names
+from tests.cluster.operator_support import (
+    Jobs,
+    OperatorProcess,
+    job_manifest,
+    running_operator,
+)
+from tests.cluster.support import Cluster, wait_for
+
+CPU_2 = {"nodes": 2}
+
+
+@pytest.fixture
+def jobs(cluster: Cluster, namespace: str) -> Jobs:
+    return Jobs(cluster, namespace)
+
+
+@pytest.fixture
+def operator(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    with running_operator(cluster, namespace, tmp_path) as process:
+        yield process
+
+
+def patch_spec(cluster: Cluster, jobs: Jobs, name: str, spec: dict[str, Any]) -> None:
+    cluster.custom_objects.patch_namespaced_custom_object(
+        names.GROUP, names.VERSION, jobs.namespace, names.PLURAL, name, {"spec": spec}
+    )
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return dict(next(c for c in status["conditions"] if c["type"] == type_))
+
+
+def test_active_deadline_fails_the_job_and_removes_its_pods(
+    jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create(job_manifest("late", runPolicy={"activeDeadlineSeconds": 3}, **CPU_2))
+    jobs.wait_phase("late", "Running")
+    status = jobs.wait_phase("late", "Failed", timeout=20)
+    assert condition(status, "Failed")["reason"] == "DeadlineExceeded"
+    wait_for(lambda: not jobs.pods("late"), "the pods to be removed past the deadline")
+
+
+def test_ttl_deletes_a_finished_job_and_its_children(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create(job_manifest("brief", runPolicy={"ttlSecondsAfterFinished": 2}, **CPU_2))
+    jobs.wait_pods("brief", 2)
+    jobs.end_worker("brief-worker-0", 0)
+    jobs.wait_phase("brief", "Succeeded")
+
+    def gone() -> bool:
+        try:
+            jobs.get("brief")
+        except kubernetes.client.ApiException as error:
+            return error.status == 404
+        return False
+
+    wait_for(gone, "the job to be deleted after its TTL", timeout=20)
+    wait_for(lambda: not jobs.pods("brief"), "its pods to be garbage-collected")
+
+
+def test_suspend_and_resume(cluster: Cluster, jobs: Jobs, operator: OperatorProcess) -> None:
+    jobs.create(job_manifest("queued", runPolicy={"suspend": True}, **CPU_2))
+    status = jobs.wait_phase("queued", "Suspended")
+    assert condition(status, "Suspended")["status"] == "True"
+    assert not jobs.pods("queued")  # created suspended: nothing at all
+
+    patch_spec(cluster, jobs, "queued", {"runPolicy": {"suspend": False}})
+    first = jobs.wait_pods("queued", 2)
+    jobs.wait_phase("queued", "Running")
+
+    patch_spec(cluster, jobs, "queued", {"runPolicy": {"suspend": True}})
+    jobs.wait_phase("queued", "Suspended")
+    wait_for(lambda: not jobs.pods("queued"), "the pods to be removed while suspended")
+
+    patch_spec(cluster, jobs, "queued", {"runPolicy": {"suspend": False}})
+    second = jobs.wait_pods("queued", 2)
+    status = jobs.wait_phase("queued", "Running")
+    assert status["restarts"] == 0
+    assert condition(status, "Suspended")["status"] == "False"
+    assert {p.metadata.uid for p in first}.isdisjoint(p.metadata.uid for p in second)
+
+
+def test_a_live_job_keeps_its_shape(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create(job_manifest("fixed", **CPU_2))
+    jobs.wait_phase("fixed", "Running")
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        patch_spec(cluster, jobs, "fixed", {"nodes": 3})
+    assert refused.value.status == 422
+    assert "spec.nodes cannot change on an existing job" in str(refused.value.body)
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        patch_spec(cluster, jobs, "fixed", {"template": {"nodeSelector": {"a": "b"}}})
+    assert "only while the job is suspended" in str(refused.value.body)
+    patch_spec(cluster, jobs, "fixed", {"runPolicy": {"activeDeadlineSeconds": 3600}})
+    assert jobs.get("fixed")["spec"]["runPolicy"]["activeDeadlineSeconds"] == 3600
+
+
+def service_account_token(cluster: Cluster, namespace: str, account: str) -> str:
+    request = {"spec": {"audiences": [], "expirationSeconds": 600}}
+    response = cluster.core.create_namespaced_service_account_token(account, namespace, request)
+    return str(response.status.token)
+
+
+def test_trainer_reports_progress_with_the_jobs_own_account(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    jobs.create(job_manifest("mine", **CPU_2))
+    jobs.create(job_manifest("theirs", **CPU_2))
+    pods = jobs.wait_pods("mine", 2)
+    account = pods[0].spec.service_account_name
+    assert account == "mine-trainer"
+    token_file = tmp_path / "token"
+    token_file.write_text(service_account_token(cluster, jobs.namespace, account))
+    env = {
+        "KUBEDDP_JOB_NAME": "mine",
+        "KUBEDDP_JOB_NAMESPACE": jobs.namespace,
+        "KUBEDDP_API_SERVER": cluster.server,
+        "KUBEDDP_TOKEN_FILE": str(token_file),
+        "KUBEDDP_CA_FILE": str(cluster.ca_file),
+    }
+    reporter = StatusReporter.from_env(env)
+    assert reporter is not None
+    patch = training_patch(
+        epoch=3,
+        epochs=10,
+        loss=0.25,
+        val_accuracy=0.9,
+        best_val_accuracy=0.91,
+        images_per_sec=1234.5,
+        now=datetime.now(UTC),
+    )
+    assert reporter.report(patch) is True
+    training = jobs.status("mine")["training"]
+    assert (training["epoch"], training["valAccuracy"], training["imagesPerSec"]) == (
+        3,
+        0.9,
+        1234.5,
+    )
+    printed = cluster.kubectl("get", "ddpjobs", "mine", "-n", jobs.namespace).stdout
+    assert printed.split("\n")[0].split()[:8] == [
+        "NAME",
+        "PHASE",
+        "WORKERS",
+        "ACCELERATOR",
+        "EPOCH",
+        "VAL-ACC",
+        "RESTARTS",
+        "AGE",
+    ]
+    assert printed.split("\n")[1].split()[4:6] == ["3", "0.9"]
+
+    # the same token may not touch another job's status
+    other = StatusReporter.from_env({**env, "KUBEDDP_JOB_NAME": "theirs"})
+    assert other is not None and other.report(patch) is False
+    client = kubernetes.client.CustomObjectsApi(cluster.client_with_token(token_file.read_text()))
+    with pytest.raises(kubernetes.client.ApiException) as forbidden:
+        client.patch_namespaced_custom_object_status(
+            names.GROUP, names.VERSION, jobs.namespace, names.PLURAL, "theirs", patch
+        )
+    assert forbidden.value.status == 403
+    # and the operator's own status writes leave the trainer's report alone
+    jobs.end_worker("mine-worker-0", 0)
+    assert jobs.wait_phase("mine", "Succeeded")["training"]["epoch"] == 3
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def scrape(port: int, path: str) -> tuple[int, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        return response.status, response.read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name)]
+    return sum(values)
+
+
+def test_metrics_and_liveness(cluster: Cluster, namespace: str, jobs: Jobs, tmp_path: Path) -> None:
+    metrics_port, health_port = free_port(), free_port()
+    args = (f"--metrics-port={metrics_port}", f"--health-port={health_port}")
+    with running_operator(cluster, namespace, tmp_path, *args):
+        jobs.create(job_manifest("watched", **CPU_2))
+        jobs.wait_phase("watched", "Running")
+        wait_for(lambda: scrape(health_port, "/healthz")[0] == 200, "the liveness endpoint")
+        text = scrape(metrics_port, "/metrics")[1]
+        assert metric(text, 'kubeddp_jobs{phase="Running"}') == 1
+        assert metric(text, "kubeddp_time_to_running_seconds_count") == 1
+        assert metric(text, "kubeddp_group_restarts_total") == 0
+        jobs.end_worker("watched-worker-1", 137)
+        jobs.wait_pods("watched", 2, attempt=1)
+
+        def restarted() -> str | None:
+            text = scrape(metrics_port, "/metrics")[1]
+            return text if metric(text, "kubeddp_group_restarts_total") == 1 else None
+
+        wait_for(restarted, "kubeddp_group_restarts_total to count the restart")
+
+
+def test_a_lost_node_restarts_the_group_elsewhere(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """Two fake nodes of this test's own; one is deleted under a running job. The pod garbage
+    collector removes its pods (40-60 s), and the group restarts on the node left."""
+    suffix = jobs.namespace[-6:]
+    label = {"kubeddp.io/test-node": suffix}
+    node_names = [f"lost-{suffix}-{i}" for i in range(2)]
+    for node in node_names:
+        cluster.core.create_node(fake_node(node, label))
+    try:
+        template = {"nodeSelector": label}
+        jobs.create(job_manifest("roaming", nodes=2, template=template))
+        pods = jobs.wait_pods("roaming", 2)
+        doomed = pods[1].spec.node_name
+        cluster.core.delete_node(doomed)
+        again = jobs.wait_pods("roaming", 2, attempt=1, timeout=120)
+        assert {p.spec.node_name for p in again} <= set(node_names) - {doomed}
+        status = jobs.wait_phase("roaming", "Running")
+        assert status["restarts"] == 1
+        assert status["failure"]["pod"] == pods[1].metadata.name
+    finally:
+        for node in node_names:
+            with contextlib.suppress(kubernetes.client.ApiException):
+                cluster.core.delete_node(node)
+
+
+def fake_node(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A node kwok plays the kubelet for (see hack/nodes.yaml)."""
+    capacity = {"cpu": "32", "memory": "128Gi", "pods": "110"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"type": "kwok", **labels},
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
+        "spec": {},
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }
+
+
+def test_a_hundred_jobs_at_once_all_end_right(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """Outcomes set at creation through the pod annotation kwok obeys: success, a hard
+    failure, and a retryable failure that exhausts backoffLimit 1 after one restart."""
+    plans = {"ok": (0, "Succeeded", 0), "bad": (1, "Failed", 0), "oom": (137, "Failed", 1)}
+    expected: dict[str, tuple[str, int]] = {}
+    for i in range(100):
+        kind = ("ok", "bad", "oom")[i % 3]
+        exit_code, phase, restarts = plans[kind]
+        name = f"{kind}-{i}"
+        annotations = {"sim.kubeddp.io/exit-code": str(exit_code)}
+        jobs.create(
+            job_manifest(
+                name, nodes=1, template={"annotations": annotations}, runPolicy={"backoffLimit": 1}
+            )
+        )
+        expected[name] = (phase, restarts)
+
+    def all_final() -> dict[str, tuple[str, int]] | None:
+        listed = cluster.custom_objects.list_namespaced_custom_object(
+            names.GROUP, names.VERSION, jobs.namespace, names.PLURAL
+        )["items"]
+        seen = {
+            j["metadata"]["name"]: (
+                j.get("status", {}).get("phase"),
+                j.get("status", {}).get("restarts", 0),
+            )
+            for j in listed
+        }
+        return seen if seen == expected else None
+
+    wait_for(all_final, "all 100 jobs to reach their final phase", timeout=120)
+    pods = cluster.core.list_namespaced_pod(jobs.namespace).items
+    owners = Counter(p.metadata.owner_references[0].name for p in pods)
+    assert set(owners) <= set(expected)  # no orphans
+    for pod in pods:
+        job = pod.metadata.owner_references[0].name
+        assert int(pod.metadata.labels[names.LABEL_ATTEMPT]) == expected[job][1]
+    assert all(count == 1 for count in owners.values())  # no duplicates
