@@ -1,0 +1,120 @@
+"""Fixtures of the cluster tier: a real control plane on 127.0.0.1 (hack/dev-cluster.py).
+
+`cluster` (session): starts the control plane, building it first when the binary cache is cold,
+or reuses a running one, and yields a `tests.cluster.support.Cluster`. `namespace` (function):
+a fresh namespace whose `default` ServiceAccount exists, deleted after the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+from tests.cluster.support import Cluster, load_dev_cluster, wait_for
+
+HERE = Path(__file__).resolve().parent
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(pytest.mark.cluster)
+
+
+BUILD_ERRORS: list[str] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build a cold binary cache here, outside any test's timeout: it takes many minutes."""
+    if not any(item.path.is_relative_to(HERE) for item in session.items):
+        return
+    dev_cluster = load_dev_cluster()
+    if dev_cluster.binaries_ready() or (missing_tool_reason(dev_cluster) and not IN_CI):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter:
+        reporter.write_line(
+            "cluster tests: building the control plane from Go modules into "
+            f"{dev_cluster.CACHE_DIR} (cold cache: about 20 min on 2 cores)"
+        )
+    try:
+        dev_cluster.build_all()
+    except dev_cluster.BuildError as error:
+        BUILD_ERRORS.append(str(error))  # the `cluster` fixture fails every cluster test with it
+
+
+def missing_tool_reason(dev_cluster: object) -> str | None:
+    if not dev_cluster.binaries_ready() and shutil.which("go") is None:  # type: ignore[attr-defined]
+        return "no Go toolchain to build the control plane (hack/dev-cluster.py build)"
+    if shutil.which("openssl") is None:
+        return "no openssl to make the control plane's certificates"
+    return None
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    dev_cluster = load_dev_cluster()
+    reason = missing_tool_reason(dev_cluster)
+    if reason and not IN_CI:
+        pytest.skip(reason)  # in CI, the build below fails loudly instead
+    if BUILD_ERRORS:
+        pytest.fail(f"building the control plane failed: {BUILD_ERRORS[0]}", pytrace=False)
+    dev_cluster.STATE_DIR.mkdir(exist_ok=True)
+    # Several test sessions may share one cluster: each holds this lock shared, and the last
+    # one out stops a cluster that a test session started (`make cluster-up`'s stays up).
+    with open(dev_cluster.STATE_DIR / "users.lock", "w") as users:
+        fcntl.flock(users, fcntl.LOCK_SH)
+        try:
+            state = dev_cluster.up(owner="pytest")
+        except (dev_cluster.BuildError, dev_cluster.ClusterError) as error:
+            pytest.fail(f"the local control plane did not come up: {error}", pytrace=False)
+        kubeconfig = state["kubeconfig"]
+        api = kubernetes.config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        try:
+            yield Cluster(
+                kubeconfig=Path(state["kubeconfig"]),
+                server=state["server"],
+                ca_file=dev_cluster.PKI / "ca.crt",
+                bin_dir=dev_cluster.STATE_DIR / "bin",
+                api=api,
+            )
+        finally:
+            api.close()
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                still = dev_cluster.read_state()
+                if (
+                    still
+                    and still["owner"] == "pytest"
+                    and not os.environ.get("KUBEDDP_KEEP_CLUSTER")
+                ):
+                    dev_cluster.down()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    core = cluster.core
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-")
+    name = f"{slug}-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": name, "labels": {"kubeddp.io/test": "true"}}})
+
+    def default_service_account() -> bool:
+        # Pods are refused until the serviceaccount controller has made `default`.
+        accounts = core.list_namespaced_service_account(
+            name, field_selector="metadata.name=default"
+        )
+        return bool(accounts.items)
+
+    wait_for(default_service_account, f"ServiceAccount {name}/default", timeout=30)
+    yield name
+    core.delete_namespace(name)  # the namespace controller and kwok finish it in the background

@@ -1,0 +1,118 @@
+"""Helpers of the cluster tier: the running control plane, polling, and plain objects."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+import kubernetes
+
+REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def load_dev_cluster() -> ModuleType:
+    """hack/dev-cluster.py as a module (its file name is not importable), loaded once."""
+    if "dev_cluster" not in sys.modules:
+        path = REPO / "hack" / "dev-cluster.py"
+        spec = importlib.util.spec_from_file_location("dev_cluster", path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["dev_cluster"] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["dev_cluster"]
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The running control plane, as the `cluster` fixture yields it."""
+
+    kubeconfig: Path  # admin (system:masters) kubeconfig, certificates embedded
+    server: str  # https://127.0.0.1:<port>
+    ca_file: Path  # CA that signed the apiserver's serving certificate
+    bin_dir: Path  # kubectl and helm
+    api: kubernetes.client.ApiClient  # admin client of the official sync `kubernetes` package
+
+    # Typed Any: the client's models make every field optional, and accept plain dicts as bodies.
+    @property
+    def core(self) -> Any:
+        return kubernetes.client.CoreV1Api(self.api)
+
+    @property
+    def rbac(self) -> Any:
+        return kubernetes.client.RbacAuthorizationV1Api(self.api)
+
+    @property
+    def custom_objects(self) -> Any:
+        return kubernetes.client.CustomObjectsApi(self.api)
+
+    def kubectl(
+        self, *args: str, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed:\n{result.stderr}")
+        return result
+
+    def client_with_token(self, token: str) -> kubernetes.client.ApiClient:
+        """An API client that authenticates with a bearer token (a ServiceAccount's, say)."""
+        configuration = kubernetes.client.Configuration()
+        configuration.host = self.server
+        configuration.ssl_ca_cert = str(self.ca_file)
+        configuration.api_key = {"authorization": f"Bearer {token}"}
+        return kubernetes.client.ApiClient(configuration)
+
+
+def wait_for(
+    check: Callable[[], T | None], what: str, timeout: float = 30, interval: float = 0.2
+) -> T:
+    """Poll `check` until it returns something truthy, and return that; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+def pod_manifest(
+    name: str,
+    *,
+    limits: dict[str, str] | None = None,
+    node_selector: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    owner: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A one-container pod; kwok never runs the image, so it needs no registry."""
+    container: dict[str, Any] = {"name": "main", "image": "registry.invalid/kube-ddp/none:0"}
+    if limits:
+        container["resources"] = {"limits": limits}
+    metadata: dict[str, Any] = {"name": name, "annotations": annotations or {}}
+    if owner:
+        metadata["ownerReferences"] = [owner]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {
+            "containers": [container],
+            "nodeSelector": node_selector or {},
+            "terminationGracePeriodSeconds": 30,
+        },
+    }
