@@ -144,9 +144,7 @@ class ElasticPolicy(Model):
     RULES = (
         Rule(
             cel="self.minNodes <= self.maxNodes",
-            message="minNodes ({self.min_nodes}) must not exceed maxNodes ({self.max_nodes})",
-            message_expression="'minNodes (' + string(self.minNodes) + ') must not exceed "
-            "maxNodes (' + string(self.maxNodes) + ')'",
+            message="minNodes must not exceed maxNodes",
             holds=lambda e: e.min_nodes <= e.max_nodes,
         ),
     )
@@ -385,7 +383,7 @@ class DDPTrainingJobSpec(Model):
     accelerator: Accelerator = Field(
         default_factory=Accelerator,
         description="The accelerator of each worker node.",
-        json_schema_extra={"default": {}},  # so the server fills in type: cpu for CEL rules
+        json_schema_extra={"default": {"type": "cpu"}},  # the CEL rules read accelerator.type
     )
     nproc_per_node: int | None = Field(
         None,
@@ -426,6 +424,7 @@ class DDPTrainingJobSpec(Model):
     env: list[EnvVar] = Field(
         default_factory=list,
         description="Extra environment for the workers; the env contract's names are reserved.",
+        max_length=128,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     resources: Resources = Field(
@@ -610,10 +609,24 @@ class JobStatus(StatusModel):
 # --- the whole object -----------------------------------------------------------------------
 
 
+NAME_MESSAGE = (
+    f"must be a DNS label of at most {MAX_NAME_LENGTH} characters (lower-case "
+    "letters, digits and '-', starting with a letter) so that the worker hostnames fit"
+)
+
+
 class ObjectMeta(BaseModel):
     """The metadata a job file needs; other Kubernetes metadata passes through untouched."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
+
+    @field_validator("name")
+    @classmethod
+    def _fits_hostnames(cls, name: str) -> str:
+        # The CRD says the same with maxLength and pattern on metadata.name.
+        if len(name) > MAX_NAME_LENGTH or not re.fullmatch(NAME_PATTERN, name):
+            raise ValueError(NAME_MESSAGE)
+        return name
 
     name: str = Field(min_length=1)
     namespace: str | None = None
@@ -625,20 +638,6 @@ class ObjectMeta(BaseModel):
 
 class DDPTrainingJob(Model):
     """A DDPTrainingJob object as found in a job file or read from the API server."""
-
-    RULES = (
-        Rule(
-            cel=f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && "
-            f"self.metadata.name.matches('{NAME_PATTERN}')",
-            message=f"metadata.name must be a DNS label of at most {MAX_NAME_LENGTH} "
-            "characters (lower-case letters, digits and '-', starting with a letter) so that "
-            "the worker hostnames fit",
-            holds=lambda job: (
-                len(job.metadata.name) <= MAX_NAME_LENGTH
-                and re.fullmatch(NAME_PATTERN, job.metadata.name) is not None
-            ),
-        ),
-    )
 
     api_version: Literal["kubeddp.io/v1alpha1"] = Field(alias="apiVersion")
     kind: Literal["DDPTrainingJob"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -98,6 +99,9 @@ def cmd_operator(args: argparse.Namespace) -> int:
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if config.json_logs else kopf.LogFormat.FULL,
     )
+    if not args.verbose:
+        # kopf logs every successful event handler at INFO: one line per pod change.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
     kopf.run(
         standalone=True,  # one operator at a time: the chart runs one replica, Recreate

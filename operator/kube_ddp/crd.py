@@ -11,7 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from kube_ddp import names
-from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, JobStatus, Model, transition_rules
+from kube_ddp.api import (
+    MAX_NAME_LENGTH,
+    NAME_MESSAGE,
+    NAME_PATTERN,
+    DDPTrainingJob,
+    DDPTrainingJobSpec,
+    JobStatus,
+    Model,
+    transition_rules,
+)
 
 Schema = dict[str, Any]
 
@@ -49,8 +58,13 @@ def _structural(schema: Any) -> Any:
         branches = [b for b in branches if not _is_null(b)]  # optional: absent, never null
         types = sorted(b.get("type", "") for b in branches)
         if types == ["integer", "string"]:
+            # The one union a structural schema allows, in exactly this form; a string
+            # branch's pattern moves up beside it (it applies to strings only).
             node["x-kubernetes-int-or-string"] = True
-            node["anyOf"] = [_structural(b) for b in branches]
+            node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+            pattern = next((b["pattern"] for b in branches if "pattern" in b), None)
+            if pattern is not None:
+                node["pattern"] = pattern
             return node
         if len(branches) != 1:
             raise ValueError(f"no structural form for the union {branches}")
@@ -115,11 +129,20 @@ def _root_schema() -> Schema:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "metadata": {
+                "type": "object",
+                "properties": {
+                    "name": {
+                        "type": "string",
+                        "maxLength": MAX_NAME_LENGTH,
+                        "pattern": NAME_PATTERN,
+                        "description": NAME_MESSAGE,
+                    }
+                },
+            },
             "spec": spec,
             "status": status,
         },
-        "x-kubernetes-validations": [rule.to_cel() for rule in DDPTrainingJob.RULES],
     }
     return root
 

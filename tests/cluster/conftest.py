@@ -19,6 +19,7 @@ from pathlib import Path
 import kubernetes
 import pytest
 
+from tests.cluster.operator_support import Jobs, OperatorProcess, running_operator
 from tests.cluster.support import Cluster, load_dev_cluster, wait_for
 
 HERE = Path(__file__).resolve().parent
@@ -118,3 +119,28 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     wait_for(default_service_account, f"ServiceAccount {name}/default", timeout=30)
     yield name
     core.delete_namespace(name)  # the namespace controller and kwok finish it in the background
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: Cluster) -> None:
+    """manifests/crd.yaml applied (server-side, so the large CRD fits) and Established."""
+    path = HERE.parents[1] / "manifests" / "crd.yaml"
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--filename={path}")
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=30s", "crd/ddptrainingjobs.kubeddp.io"
+    )
+
+
+@pytest.fixture
+def jobs(cluster: Cluster, namespace: str, crd: None) -> Jobs:
+    """DDPTrainingJobs and their pods in the test's namespace."""
+    return Jobs(cluster, namespace)
+
+
+@pytest.fixture
+def operator(
+    cluster: Cluster, namespace: str, crd: None, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """`kube-ddp operator` watching the test's namespace (its log is printed on failure)."""
+    with running_operator(cluster, namespace, tmp_path) as process:
+        yield process

@@ -71,11 +71,10 @@ def running_operator(
     operator.start()
     try:
         yield operator
-    except BaseException:
-        print("---- operator log ----\n" + operator.log()[-6000:])
-        raise
     finally:
         operator.stop()
+        # pytest shows a test's captured output only when it fails: then this log is there.
+        print("---- operator log ----\n" + operator.log()[-6000:])
 
 
 def job_manifest(name: str, **spec: Any) -> dict[str, Any]:

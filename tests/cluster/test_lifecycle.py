@@ -7,7 +7,6 @@ import contextlib
 import socket
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,17 +25,6 @@ from tests.cluster.operator_support import (
 from tests.cluster.support import Cluster, wait_for
 
 CPU_2 = {"nodes": 2}
-
-
-@pytest.fixture
-def jobs(cluster: Cluster, namespace: str) -> Jobs:
-    return Jobs(cluster, namespace)
-
-
-@pytest.fixture
-def operator(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    with running_operator(cluster, namespace, tmp_path) as process:
-        yield process
 
 
 def patch_spec(cluster: Cluster, jobs: Jobs, name: str, spec: dict[str, Any]) -> None:

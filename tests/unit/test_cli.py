@@ -83,7 +83,7 @@ spec:
             "spec.nodes: Input should be a valid integer",
             "spec.acelerator: unknown field",
             "spec.env[0]: MASTER_ADDR is reserved",
-            "spec.elastic: minNodes (4) must not exceed maxNodes (2)",
+            "spec.elastic: minNodes must not exceed maxNodes",
         ],
     ),
     ("not YAML", "spec: [unclosed\n", ["not valid YAML: line 2, column 1: expected ','"]),
