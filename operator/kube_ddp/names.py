@@ -8,7 +8,8 @@ API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND: Final = "DDPTrainingJob"
 PLURAL: Final = "ddptrainingjobs"
 SINGULAR: Final = "ddptrainingjob"
-SHORT_NAMES: Final = ("ddpjob", "ddpj")
+# `ddpjobs` too: kubectl does not pluralise short names, and DESIGN.md says `kubectl get ddpjobs`.
+SHORT_NAMES: Final = ("ddpjob", "ddpj", "ddpjobs")
 CATEGORY: Final = "kubeddp"
 
 MANAGED_BY: Final = "kube-ddp"

@@ -106,7 +106,7 @@ def test_printer_columns_point_at_schema_fields() -> None:
 def test_names_status_subresource_and_lists() -> None:
     names = CRD["spec"]["names"]
     assert (names["kind"], names["plural"]) == ("DDPTrainingJob", "ddptrainingjobs")
-    assert names["shortNames"] == ["ddpjob", "ddpj"]
+    assert names["shortNames"] == ["ddpjob", "ddpj", "ddpjobs"]
     assert names["categories"] == ["kubeddp"]
     assert CRD["spec"]["versions"][0]["subresources"] == {"status": {}}
     conditions = ROOT["properties"]["status"]["properties"]["conditions"]
