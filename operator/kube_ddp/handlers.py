@@ -32,6 +32,10 @@ from kube_ddp.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, job name)
 REFUSED = (400, 422)  # the API server's verdict on an object: retrying cannot help
+MPI_OPERATOR_MISSING = (
+    "launcher mpi needs the MPI Operator (kubeflow.org/v2beta1 MPIJob), which this cluster "
+    "does not serve: install it, or use launcher: torchrun"
+)
 OUR_PODS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 
 
@@ -137,10 +141,13 @@ class Operator:
             for action in decision.actions:
                 await self._act(key, body, job, action)
         except ApiException as error:
-            if error.status not in REFUSED:
+            if job.spec.launcher == "mpi" and error.status == 404:
+                refusal = MPI_OPERATOR_MISSING
+            elif error.status in REFUSED:
+                # The API server refuses what the spec builds (a field the schema leaves free).
+                refusal = _api_message(error)
+            else:
                 raise
-            # The API server refuses what the spec builds (a field the schema leaves free).
-            refusal = _api_message(error)
             await self._apply(key, body, status, reject(status, [refusal], now))
             return
         await self._apply(key, body, status, decision)

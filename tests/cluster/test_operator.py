@@ -202,3 +202,14 @@ def test_spec_the_api_server_refuses_in_a_pod_fails_the_job(
     assert not jobs.pods("bad")
     jobs.create(job_manifest("good", nodes=1))
     jobs.wait_phase("good", "Running")
+
+
+def test_mpi_launcher_without_the_mpi_operator_says_so(
+    jobs: Jobs, operator: OperatorProcess
+) -> None:
+    gaudi = {"type": "gaudi", "perNode": 8}
+    jobs.create(job_manifest("hccl", nodes=2, launcher="mpi", accelerator=gaudi))
+    status = jobs.wait_phase("hccl", "Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert "needs the MPI Operator" in failed["message"]
