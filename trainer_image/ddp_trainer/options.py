@@ -2,21 +2,28 @@
 
 Every field is a `--kebab-case` flag of `python -m ddp_trainer` and a camelCase key of a
 DDPTrainingJob's `spec.trainer`. The operator imports this module to generate the CRD schema
-and to turn `spec.trainer` into flags (`to_argv`), so a key the CRD accepts but the trainer
-rejects cannot exist. This module must not import torch.
+and to turn `spec.trainer` into flags (`to_argv`); `parse_argv` is the inverse, so a key the CRD
+accepts but the trainer rejects cannot exist. This module must not import torch.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import argparse
+import typing
+from collections.abc import Sequence
+from typing import Any, Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 Dataset = Literal["mnist", "fashion-mnist", "cifar10", "synthetic", "digits"]
+Device = Literal["auto", "cuda", "hpu", "cpu"]
+Loader = Literal["auto", "device", "dataloader"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 Optimizer = Literal["sgd", "adamw"]
+LrSchedule = Literal["cosine", "constant"]
 GradCompression = Literal["none", "fp16", "bf16"]
+WrnDepth = Literal[10, 16, 22, 28, 34, 40]
 
 
 class TrainerOptions(BaseModel):
@@ -36,7 +43,9 @@ class TrainerOptions(BaseModel):
         "synthetic (generated, learnable) or digits (scikit-learn's bundled 8x8 digits).",
     )
     data_dir: str = Field(
-        "./data", description="Directory holding (or receiving, with download) the dataset files."
+        "./data",
+        description="Directory holding (or receiving, with download) the dataset files; "
+        "the files may also sit in a subdirectory named after the dataset.",
     )
     download: bool = Field(
         False,
@@ -44,7 +53,10 @@ class TrainerOptions(BaseModel):
         "(one process per node downloads, the others wait).",
     )
     synthetic_samples: int = Field(
-        4096, ge=64, description="Training samples of the synthetic dataset."
+        4096,
+        ge=64,
+        description="Samples of the synthetic dataset, split into training and validation "
+        "by valFraction.",
     )
     synthetic_shape: str = Field(
         "1x28x28",
@@ -56,20 +68,34 @@ class TrainerOptions(BaseModel):
         0.2,
         gt=0,
         lt=1,
-        description="Share of samples held out for validation where a dataset has no test split.",
+        description="Share of samples held out for validation where a dataset has no test split "
+        "(synthetic, digits).",
+    )
+    loader: Loader = Field(
+        "auto",
+        description="Input pipeline: device (the whole dataset stays on the device and is "
+        "batched by index), dataloader (a torch DataLoader with worker processes), or auto "
+        "(device when the training set fits in 2 GiB as float32).",
     )
     num_workers: int = Field(
-        2, ge=0, description="DataLoader worker processes, for data that is not kept on device."
+        2, ge=0, description="DataLoader worker processes (loader: dataloader)."
+    )
+    augment: bool = Field(
+        False,
+        description="Random 2-pixel translations of each training image, plus horizontal "
+        "flips for cifar10, done in batches on the device.",
     )
 
     # --- model
     model: str = Field(
         "mlp",
         pattern=r"^(mlp|wide-resnet|resnet18|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
-        description="Model: mlp, wide-resnet, resnet18, or module:callable for your own "
-        "(called with in_shape and num_classes, returns an nn.Module).",
+        description="Model: mlp, wide-resnet, resnet18 (CIFAR variant), or module:callable for "
+        "your own (called with in_shape and num_classes, returns an nn.Module).",
     )
-    wrn_depth: int = Field(16, ge=10, description="Wide-ResNet depth (6n+4).")
+    wrn_depth: WrnDepth = Field(
+        16, description="Wide-ResNet depth, 6n+4 for n blocks per group: 10, 16, 22, 28, 34, 40."
+    )
     wrn_width: int = Field(4, ge=1, description="Wide-ResNet widening factor.")
 
     # --- optimisation
@@ -79,12 +105,21 @@ class TrainerOptions(BaseModel):
     scale_lr: bool = Field(
         True, description="Scale the learning rate linearly with the world size."
     )
-    warmup_epochs: float = Field(
-        1.0, ge=0, description="Epochs of linear learning-rate warm-up."
+    warmup_epochs: float = Field(1.0, ge=0, description="Epochs of linear learning-rate warm-up.")
+    lr_schedule: LrSchedule = Field(
+        "cosine",
+        description="Learning rate after the warm-up: cosine (decays to 0 at the last epoch) "
+        "or constant.",
     )
     optimizer: Optimizer = Field("sgd", description="Optimizer: sgd (with momentum) or adamw.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
     weight_decay: float = Field(5e-4, ge=0, description="Weight decay.")
+    device: Device = Field(
+        "auto",
+        description="Device: auto (hpu when Intel Gaudi's habana_frameworks is installed, else "
+        "cuda when a GPU is visible, else cpu), cuda, hpu or cpu. One process per device, "
+        "chosen by local rank.",
+    )
     precision: Precision = Field(
         "auto",
         description="Numeric precision: auto (bf16 on accelerators that support it, fp32 "
@@ -112,10 +147,11 @@ class TrainerOptions(BaseModel):
         description="Consecutive epochs at or above targetAccuracy before stopping early.",
     )
 
-    # --- checkpoints and output
+    # --- checkpoints, output, cluster
     checkpoint_dir: str | None = Field(
         None,
-        description="Directory for checkpoints; training resumes from the newest valid one.",
+        description="Directory for checkpoints (written by rank 0); training resumes from the "
+        "newest valid one.",
     )
     checkpoint_every: int = Field(1, ge=1, description="Save a checkpoint every N epochs.")
     keep_checkpoints: int = Field(3, ge=1, description="Checkpoints kept; older ones are removed.")
@@ -125,7 +161,8 @@ class TrainerOptions(BaseModel):
     timeout_seconds: int = Field(
         300,
         ge=10,
-        description="Process-group timeout: how long a collective waits for a lost rank.",
+        description="Process-group timeout: how long a rank waits for the others at startup and "
+        "in a collective before failing (instead of hanging when a rank is lost).",
     )
     report_progress: bool = Field(
         True,
@@ -140,7 +177,7 @@ def flag(field_name: str) -> str:
 
 
 def to_argv(options: TrainerOptions) -> list[str]:
-    """The flags that reproduce `options`, for the options set explicitly (defaults stay implicit)."""
+    """The flags that reproduce `options`: those set explicitly (defaults stay implicit)."""
     argv: list[str] = []
     for name in TrainerOptions.model_fields:
         if name not in options.model_fields_set:
@@ -153,3 +190,50 @@ def to_argv(options: TrainerOptions) -> list[str]:
         else:
             argv.extend([flag(name), str(value)])
     return argv
+
+
+class _Parser(argparse.ArgumentParser):
+    """Exits 2 with the usage and one clear line for every bad option, never a traceback."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists the options)\n")
+
+
+def build_parser(prog: str = "ddp-train") -> argparse.ArgumentParser:
+    """An argparse parser with one flag per TrainerOptions field (bools as --x / --no-x)."""
+    parser = _Parser(
+        prog=prog,
+        usage="%(prog)s [--option value | --flag | --no-flag] ...",
+        description="Train an image classifier with PyTorch DDP under torchrun, mpirun, "
+        "Slurm or as one process. Exit codes: 0 done (or target reached), 1 failed, "
+        "2 invalid options.",
+        allow_abbrev=False,  # a prefix of a flag is not that flag: the CRD has no prefixes
+        argument_default=argparse.SUPPRESS,  # unset flags stay unset: model_fields_set is exact
+    )
+    for name, field in TrainerOptions.model_fields.items():
+        help_text = f"{field.description} (default: {field.default})"
+        if field.annotation is bool:
+            parser.add_argument(flag(name), action=argparse.BooleanOptionalAction, help=help_text)
+            continue
+        if typing.get_origin(field.annotation) is Literal:
+            choices = typing.get_args(field.annotation)
+            # type: argparse turns "16" into 16 before matching an integer choice
+            parser.add_argument(flag(name), choices=choices, type=type(choices[0]), help=help_text)
+        else:
+            parser.add_argument(flag(name), help=help_text)
+    return parser
+
+
+def parse_argv(argv: Sequence[str] | None = None, prog: str = "ddp-train") -> TrainerOptions:
+    """Parse command-line flags into validated options; exits 2 naming the first bad flags."""
+    parser = build_parser(prog)
+    values = vars(parser.parse_args(argv))
+    try:
+        return TrainerOptions.model_validate(values)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            name = str(error["loc"][0]) if error["loc"] else "options"
+            given = values.get(name)
+            problems.append(f"{flag(name)} {given!r}: {error['msg']}")
+        parser.error("; ".join(problems))
