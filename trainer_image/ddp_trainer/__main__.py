@@ -1,11 +1,36 @@
-"""Placeholder entrypoint; the trainer issue fills it in."""
+"""`python -m ddp_trainer` / `ddp-train`: parse the options, train, exit 0 / 1 / 2.
+
+Exit codes: 0 training completed (or reached --target-accuracy), 1 failed (a clear message for
+bad data, environment or checkpoints; a traceback only for bugs), 2 invalid options.
+"""
+
+from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+
+from ddp_trainer.errors import TrainerError
+from ddp_trainer.options import parse_argv
+
+PROG = "ddp-train"
 
 
-def main() -> int:
-    print("ddp_trainer: not implemented yet", file=sys.stderr)
-    return 1
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_argv(argv, prog=PROG)  # exits 2 on a bad option, before torch is imported
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        from ddp_trainer.train import run
+    except ModuleNotFoundError as exc:
+        print(f"{PROG}: error: {exc}; install ddp-trainer[torch]", file=sys.stderr)
+        return 1
+    try:
+        # record: under torchrun, the failure lands in the error file its summary shows.
+        record(run)(options)
+    except TrainerError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

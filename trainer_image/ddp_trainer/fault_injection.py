@@ -1,0 +1,32 @@
+"""A test hook, inert unless its variables are set: one rank crashes once at a chosen epoch.
+
+  DDP_TRAINER_CRASH_ONCE_AT_EPOCH=k   after epoch k (and its checkpoint) ...
+  DDP_TRAINER_CRASH_MARKER=path       ... if this file does not exist yet, create it and ...
+  DDP_TRAINER_CRASH_RANK=r            ... kill rank r (default: the last rank) with SIGKILL,
+                                      like an OOM kill or a lost node.
+
+The marker makes it happen once per marker file, so the relaunch (by torchrun --max-restarts,
+by the operator or by hand) trains on from the checkpoint. tests/trainer uses it to show
+exactly that; nothing else should set these variables.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def crash_once_if_asked(epoch: int, rank: int, world_size: int, env: Mapping[str, str]) -> None:
+    at_epoch = env.get("DDP_TRAINER_CRASH_ONCE_AT_EPOCH")
+    marker = env.get("DDP_TRAINER_CRASH_MARKER")
+    if not (at_epoch and marker) or int(at_epoch) != epoch:
+        return
+    if rank != int(env.get("DDP_TRAINER_CRASH_RANK", world_size - 1)):
+        return
+    try:
+        Path(marker).touch(exist_ok=False)
+    except FileExistsError:
+        return  # crashed once already
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,328 @@
+"""Where this process sits in the job, whoever launched it, and the device and process group.
+
+torchrun and the operator's one-process pods set RANK/WORLD_SIZE/LOCAL_RANK directly; mpirun
+(Open MPI, MVAPICH, MPICH/Intel MPI) and Slurm's srun set their own variables, and give no
+MASTER_ADDR, which then comes from the host file. `discover_world` reads any of them into one
+`World`; `export_world` writes the torch names back so `init_process_group("env://")` works.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddp_trainer.errors import TrainerError
+
+DEFAULT_MASTER_PORT = 29500
+
+log = logging.getLogger("ddp_trainer")
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job."""
+
+    launcher: str  # torchrun, env, openmpi, mvapich, pmi, slurm, or none (a plain process)
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = DEFAULT_MASTER_PORT
+
+    @property
+    def distributed(self) -> bool:
+        """Launched as part of a group (even of one): set up a process group and DDP."""
+        return self.launcher != "none"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def node_rank(self) -> int:
+        return self.rank // self.local_world_size
+
+
+@dataclass(frozen=True)
+class _Launcher:
+    name: str
+    marker: str  # present only under this launcher
+    rank: str
+    world_size: str
+    local_rank: tuple[str, ...]
+    local_world_size: tuple[str, ...]
+
+
+# Probed in this order: torch's own names win, so `-x RANK` under mpirun is honoured.
+_LAUNCHERS = (
+    _Launcher("env", "RANK", "RANK", "WORLD_SIZE", ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",)),
+    _Launcher(
+        "openmpi",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        ("OMPI_COMM_WORLD_LOCAL_RANK",),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE",),
+    ),
+    _Launcher(
+        "mvapich",
+        "MV2_COMM_WORLD_RANK",
+        "MV2_COMM_WORLD_RANK",
+        "MV2_COMM_WORLD_SIZE",
+        ("MV2_COMM_WORLD_LOCAL_RANK",),
+        ("MV2_COMM_WORLD_LOCAL_SIZE",),
+    ),
+    _Launcher(
+        "pmi",
+        "PMI_RANK",
+        "PMI_RANK",
+        "PMI_SIZE",
+        ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
+        ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"),
+    ),
+    # SLURM_STEP_ID: set for srun tasks, not in the batch script itself (one process).
+    _Launcher(
+        "slurm",
+        "SLURM_STEP_ID",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        ("SLURM_LOCALID",),
+        ("SLURM_NTASKS_PER_NODE",),
+    ),
+)
+
+# Where mpirun's host file is named (Open MPI 4 / 5, MPICH and Intel MPI's Hydra), then the
+# path the Kubeflow MPI Operator mounts.
+_HOSTFILE_VARIABLES = (
+    "OMPI_MCA_orte_default_hostfile",
+    "OMPI_MCA_prte_default_hostfile",
+    "PRTE_MCA_prte_default_hostfile",
+    "HYDRA_HOST_FILE",
+    "I_MPI_HYDRA_HOST_FILE",
+)
+_MPI_OPERATOR_HOSTFILE = "/etc/mpi/hostfile"
+
+
+def discover_world(env: Mapping[str, str]) -> World:
+    """Rank, world size, local rank and rendezvous address from any supported launcher."""
+    launcher = next((launcher for launcher in _LAUNCHERS if launcher.marker in env), None)
+    if launcher is None:
+        return World(launcher="none")
+    name = launcher.name
+    if name == "env" and "TORCHELASTIC_RUN_ID" in env:
+        name = "torchrun"
+    rank = _int(env, launcher.rank)
+    world_size = _int(env, launcher.world_size)
+    local_world_size = _first_int(env, launcher.local_world_size)
+    local_rank = _first_int(env, launcher.local_rank)
+    if local_world_size is None:
+        # Unknown node size: assume one node, which is all a single host file line can say.
+        local_world_size = world_size if local_rank is None else max(local_rank + 1, 1)
+    if local_rank is None:
+        local_rank = rank % local_world_size
+    if not (0 <= rank < world_size and 0 <= local_rank < local_world_size):
+        raise TrainerError(
+            f"inconsistent {name} environment: rank {rank}, world size {world_size}, "
+            f"local rank {local_rank}, local world size {local_world_size}"
+        )
+    return World(
+        launcher=name,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        master_addr=env.get("MASTER_ADDR") or _master_from_hosts(env, world_size, local_world_size),
+        master_port=_int(env, "MASTER_PORT") if env.get("MASTER_PORT") else DEFAULT_MASTER_PORT,
+    )
+
+
+def export_world(world: World, env: MutableMapping[str, str]) -> None:
+    """Write the torch.distributed names (read by env:// and by vendor plugins such as HCCL)."""
+    env.update(
+        RANK=str(world.rank),
+        WORLD_SIZE=str(world.world_size),
+        LOCAL_RANK=str(world.local_rank),
+        LOCAL_WORLD_SIZE=str(world.local_world_size),
+        MASTER_ADDR=world.master_addr,
+        MASTER_PORT=str(world.master_port),
+    )
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env[name])
+    except KeyError:
+        raise TrainerError(f"{name} is not set") from None
+    except ValueError:
+        raise TrainerError(f"{name} must be an integer, got {env[name]!r}") from None
+
+
+def _first_int(env: Mapping[str, str], names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = env.get(name, "")
+        # Slurm writes SLURM_NTASKS_PER_NODE as e.g. "4" or "4(x2)": the leading number counts.
+        match = re.match(r"\d+", value)
+        if match:
+            return int(match.group())
+    return None
+
+
+def _master_from_hosts(env: Mapping[str, str], world_size: int, local_world_size: int) -> str:
+    """MASTER_ADDR when the launcher gave none: the first host of the job's host list."""
+    for variable in _HOSTFILE_VARIABLES:
+        if env.get(variable):
+            return first_host_in_hostfile(Path(env[variable]))
+    if Path(_MPI_OPERATOR_HOSTFILE).is_file():
+        return first_host_in_hostfile(Path(_MPI_OPERATOR_HOSTFILE))
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if nodelist:
+        return first_host_in_nodelist(nodelist)
+    if world_size == local_world_size:
+        return "127.0.0.1"  # every rank is on this node
+    raise TrainerError(
+        "MASTER_ADDR is not set and no host file names the first node: export MASTER_ADDR "
+        "(mpirun -x MASTER_ADDR) or point OMPI_MCA_orte_default_hostfile at the host file"
+    )
+
+
+def first_host_in_hostfile(path: Path) -> str:
+    """The first host of an MPI host file (`host slots=4`, `host:4` or `host`, # comments)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise TrainerError(f"cannot read the MPI host file {path}: {exc}") from None
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if words:
+            return words[0].split(":", 1)[0]
+    raise TrainerError(f"the MPI host file {path} names no host")
+
+
+def first_host_in_nodelist(nodelist: str) -> str:
+    """The first host of a Slurm node list: `gpu[07-09,12],cpu1` -> `gpu07`."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]\-,]+))?", nodelist.strip())
+    if not match:
+        raise TrainerError(f"cannot read the Slurm node list {nodelist!r}")
+    return match.group(1) + (match.group(2) or "")
+
+
+# --- device and process group ---------------------------------------------------------------
+
+
+def habana_installed() -> bool:
+    return importlib.util.find_spec("habana_frameworks") is not None
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    """One process per accelerator: the local rank picks it."""
+    if choice == "auto":
+        choice = "hpu" if habana_installed() else "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda":
+        if not torch.cuda.is_available():
+            raise TrainerError("--device cuda, but torch sees no CUDA device")
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    if choice == "hpu":
+        if not habana_installed():
+            raise TrainerError("--device hpu needs Intel Gaudi's habana_frameworks package")
+        # registers the hpu device
+        import habana_frameworks.torch.core  # type: ignore[import-not-found]  # noqa: F401
+
+        return torch.device("hpu")
+    return torch.device("cpu")
+
+
+def backend_for(device: torch.device, env: Mapping[str, str]) -> str:
+    """DDP_BACKEND when set (the operator's contract), else the device's own collective library."""
+    return env.get("DDP_BACKEND") or {"cuda": "nccl", "hpu": "hccl"}.get(device.type, "gloo")
+
+
+def init_process_group(
+    world: World, device: torch.device, backend: str, timeout_s: int, env: Mapping[str, str]
+) -> None:
+    if backend == "hccl":
+        # registers the hccl backend
+        import habana_frameworks.torch.distributed.hccl  # type: ignore[import-not-found]  # noqa: F401
+    timeout = timedelta(seconds=timeout_s)
+    store = _restart_safe_store(world, env, timeout)
+    dist.init_process_group(
+        backend,
+        init_method=None if store else "env://",
+        store=store,
+        rank=world.rank,
+        world_size=world.world_size,
+        timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def _restart_safe_store(world: World, env: Mapping[str, str], timeout: timedelta) -> Any:
+    """A store without the keys of torchrun's previous attempt, where one is needed.
+
+    torchrun's c10d rendezvous keeps one TCPStore for all restarts and the workers share it
+    without a per-attempt prefix, so a restarted group can read the dead group's addresses
+    (gloo: connection refused; NCCL: a stale unique id) - pytorch/pytorch#135712. On one node
+    the restart count is the group's, and prefixing the keys with it is safe; across nodes the
+    agents may count differently, and only TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun
+    helps.
+    """
+    restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or restart == 0:
+        return None
+    if world.world_size != world.local_world_size:
+        log.warning(
+            "torchrun restart %d with its shared store: if the group fails to connect, run "
+            "torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (pytorch/pytorch#135712)",
+            restart,
+        )
+        return None
+    agent_store = dist.TCPStore(  # type: ignore[attr-defined]
+        world.master_addr, world.master_port, world.world_size, is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"ddp_trainer/attempt_{restart}", agent_store)  # type: ignore[attr-defined]
+
+
+def set_cpu_threads(world: World, env: Mapping[str, str]) -> None:
+    """Share the CPU cores among this node's processes unless OMP_NUM_THREADS says otherwise.
+
+    torchrun sets OMP_NUM_THREADS=1 for several processes; mpirun and srun set nothing, and
+    torch's default of one thread per core in every process oversubscribes the node.
+    """
+    if "OMP_NUM_THREADS" in env:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(max(1, (cores or 1) // world.local_world_size))
+
+
+def lazy_mode_step_marker(device: torch.device) -> Callable[[], None]:
+    """Gaudi's legacy lazy mode runs the queued graph at mark_step(); elsewhere a no-op."""
+    if device.type == "hpu" and os.environ.get("PT_HPU_LAZY_MODE", "0") == "1":
+        import habana_frameworks.torch.core as htcore
+
+        mark_step: Callable[[], None] = htcore.mark_step
+        return mark_step
+    return _no_op
+
+
+def _no_op() -> None:
+    pass
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work: once per epoch, for honest timings."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "hpu":
+        torch.hpu.synchronize()  # type: ignore[attr-defined]

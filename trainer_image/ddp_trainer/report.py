@@ -1,0 +1,167 @@
+"""Training progress to the cluster: rank 0 merge-patches `status.training` of its job.
+
+Only the standard library (urllib, ssl): the trainer image needs no Kubernetes client. The
+pod's service account must be allowed to `patch` `ddptrainingjobs/status` in group kubeddp.io.
+
+Environment (the first two are set by the operator; the rest default to the in-cluster values
+and can be overridden, e.g. to test against a local API server):
+
+  KUBEDDP_JOB_NAME, KUBEDDP_JOB_NAMESPACE   which DDPTrainingJob to patch
+  KUBEDDP_API_SERVER   base URL; default https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+  KUBEDDP_TOKEN_FILE   bearer token, re-read each time (tokens rotate);
+                       default /var/run/secrets/kubernetes.io/serviceaccount/token
+  KUBEDDP_CA_FILE      CA bundle for https; default .../serviceaccount/ca.crt
+
+A failed report logs a warning and backs off (5 s, doubling up to 5 min); it never raises, so
+it never stops training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+GROUP, VERSION, PLURAL = "kubeddp.io", "v1alpha1", "ddptrainingjobs"
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+FIRST_BACKOFF_S = 5.0
+MAX_BACKOFF_S = 300.0
+REQUEST_TIMEOUT_S = 5.0
+
+
+def training_patch(
+    *,
+    epoch: int,
+    epochs: int,
+    loss: float,
+    val_accuracy: float,
+    best_val_accuracy: float,
+    images_per_sec: float,
+    now: datetime,
+) -> dict[str, Any]:
+    """The JSON merge patch that sets status.training (the operator's TrainingProgress)."""
+    training = {
+        "epoch": epoch,
+        "epochs": epochs,
+        "loss": _finite(loss, 6),
+        "valAccuracy": _finite(val_accuracy, 6),
+        "bestValAccuracy": _finite(best_val_accuracy, 6),
+        "imagesPerSec": _finite(images_per_sec, 1),
+        "updatedAt": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    return {"status": {"training": training}}
+
+
+def _finite(value: float, digits: int) -> float | None:
+    """JSON has no NaN: a diverged loss is reported as null."""
+    return round(value, digits) if math.isfinite(value) else None
+
+
+def status_url(api_server: str, namespace: str, name: str) -> str:
+    quoted = urllib.parse.quote
+    return (
+        f"{api_server.rstrip('/')}/apis/{GROUP}/{VERSION}/namespaces/{quoted(namespace)}"
+        f"/{PLURAL}/{quoted(name)}/status"
+    )
+
+
+class StatusReporter:
+    """PATCHes a job's /status subresource; after a failure, skips reports for a while."""
+
+    def __init__(
+        self,
+        url: str,
+        token_file: Path,
+        ca_file: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = url
+        self.token_file = token_file
+        self.clock = clock
+        self.ssl_context = ssl.create_default_context(
+            cafile=str(ca_file) if ca_file and ca_file.is_file() else None
+        )
+        self.backoff_s = 0.0
+        self.retry_at = 0.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> StatusReporter | None:
+        """A reporter when run by the operator with a service-account token, else None."""
+        name, namespace = env.get("KUBEDDP_JOB_NAME"), env.get("KUBEDDP_JOB_NAMESPACE")
+        if not (name and namespace):
+            return None
+        api_server = env.get("KUBEDDP_API_SERVER") or _in_cluster_api_server(env)
+        token_file = Path(env.get("KUBEDDP_TOKEN_FILE") or SERVICE_ACCOUNT_DIR / "token")
+        if not api_server or not token_file.is_file():
+            log.info("not reporting progress: no API server address or no token at %s", token_file)
+            return None
+        ca_file = Path(env.get("KUBEDDP_CA_FILE") or SERVICE_ACCOUNT_DIR / "ca.crt")
+        return cls(status_url(api_server, namespace, name), token_file, ca_file)
+
+    def report(self, patch: dict[str, Any]) -> bool:
+        """Send the patch unless backing off; True when the API server accepted it."""
+        if self.clock() < self.retry_at:
+            return False
+        try:
+            self._send(patch)
+        except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
+            self.backoff_s = min(max(self.backoff_s * 2, FIRST_BACKOFF_S), MAX_BACKOFF_S)
+            self.retry_at = self.clock() + self.backoff_s
+            log.warning(
+                "could not report progress to %s: %s; next try in %.0f s",
+                self.url,
+                _describe(exc),
+                self.backoff_s,
+            )
+            return False
+        self.backoff_s = 0.0
+        return True
+
+    def _send(self, patch: dict[str, Any]) -> None:
+        token = self.token_file.read_text().strip()
+        request = urllib.request.Request(
+            self.url,
+            data=json.dumps(patch).encode(),
+            method="PATCH",
+            headers={
+                "Content-Type": "application/merge-patch+json",
+                "Accept": "application/json",
+                "Authorization": f"Bearer {token}",
+            },
+        )
+        context = self.ssl_context if self.url.startswith("https:") else None
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S, context=context):
+            pass
+
+
+def _in_cluster_api_server(env: Mapping[str, str]) -> str | None:
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not (host and port):
+        return None
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address
+    return f"https://{host}:{port}"
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, urllib.error.HTTPError):
+        body = exc.read(300).decode(errors="replace").strip()
+        return f"HTTP {exc.code} {exc.reason}" + (f": {body}" if body else "")
+    if isinstance(exc, urllib.error.URLError):
+        return str(exc.reason)
+    return str(exc)
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)

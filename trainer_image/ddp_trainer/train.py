@@ -1,0 +1,516 @@
+"""The training recipe, top to bottom: set up, resume, then per epoch train, evaluate, decide,
+checkpoint, report. Each step hands its one job to a small module: launch (where this process
+sits, device, process group), datasets and batches (data), models, checkpoint, report (status
+of the DDPTrainingJob), progress (what rank 0 prints).
+
+Host and device meet once per epoch: losses and accuracy are summed on the device and read by
+a single all-reduce at the end of the epoch. Every decision (early stop, checkpoint) is taken
+from that all-reduced result, so all ranks take it together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import logging
+import math
+import os
+import time
+import warnings
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from ddp_trainer import checkpoint, launch
+from ddp_trainer.batches import Normalizer, augment, eval_shard, make_batches, train_shard
+from ddp_trainer.datasets import Splits, download_dataset, load_dataset
+from ddp_trainer.errors import TrainerError
+from ddp_trainer.fault_injection import crash_once_if_asked
+from ddp_trainer.models import build_model
+from ddp_trainer.options import TrainerOptions
+from ddp_trainer.progress import EpochMetrics, ProgressBar, Summary, epoch_line, write_summary
+from ddp_trainer.report import StatusReporter, now_utc, training_patch
+
+log = logging.getLogger("ddp_trainer")
+
+EVAL_BATCH_FACTOR = 4  # no activations kept for backward: evaluation batches can be larger
+DOWNLOAD_TIMEOUT = timedelta(hours=1)  # the wait for local rank 0's download, not a collective
+
+
+# CPU 1x1 convolutions return weight gradients whose strides differ from the bucket's only in
+# size-1 dimensions: the same memory layout, so DDP's warning about it is noise.
+warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+
+
+def run(options: TrainerOptions) -> Summary:
+    """Train as one rank of whatever launched this process; the process group lives here."""
+    world = launch.discover_world(os.environ)
+    launch.export_world(world, os.environ)
+    logging.basicConfig(
+        level=logging.INFO, format=f"ddp_trainer[rank {world.rank}]: %(message)s", force=True
+    )
+    device = launch.pick_device(options.device, world.local_rank)
+    launch.set_cpu_threads(world, os.environ)
+    backend = launch.backend_for(device, os.environ) if world.distributed else "none"
+    log.info(
+        "rank=%d world_size=%d local_rank=%d local_world_size=%d node_rank=%d launcher=%s "
+        "backend=%s device=%s",
+        world.rank,
+        world.world_size,
+        world.local_rank,
+        world.local_world_size,
+        world.node_rank,
+        world.launcher,
+        backend,
+        device,
+    )
+    if world.distributed:
+        launch.init_process_group(world, device, backend, options.timeout_seconds, os.environ)
+    try:
+        return Recipe(options, world, device).train()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@dataclasses.dataclass
+class Progress:
+    """What a checkpoint restores besides the model, optimizer and scaler states."""
+
+    epoch: int = 0  # epochs completed
+    val_accuracy: float = 0.0
+    best_val_accuracy: float = 0.0
+    epochs_at_target: int = 0  # consecutive, for --patience
+    stopped_early: bool = False
+
+
+class Recipe:
+    def __init__(self, options: TrainerOptions, world: launch.World, device: torch.device):
+        self.options = options
+        self.world = world
+        self.device = device
+        self.progress = Progress()
+        self.resumed_from: int | None = None
+        self.epoch_timings: list[tuple[float, float]] = []  # (images, seconds) per epoch run
+
+    # --- setup ----------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        options, device = self.options, self.device
+        torch.manual_seed(options.seed)
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = True
+            torch.set_float32_matmul_precision("high")  # TF32 matmuls
+
+        splits = self._prepare_data()
+        normalize = Normalizer(splits.train_x, device)
+        self.train_size, self.val_size = len(splits.train_y), len(splits.val_y)
+        self.train_batches = make_batches(
+            splits.train_x, splits.train_y, normalize, device, options.batch_size, options
+        )
+        self.val_batches = make_batches(
+            splits.val_x,
+            splits.val_y,
+            normalize,
+            device,
+            options.batch_size * EVAL_BATCH_FACTOR,
+            options,
+        )
+        self.flip_images = options.dataset == "cifar10"
+        image_data = len(splits.sample_shape) == 3
+        self.channels_last = device.type == "cuda" and image_data  # NHWC for tensor cores
+        if options.augment and not image_data:
+            log.warning("--augment ignored: the samples are not images")
+        self.augment_images = options.augment and image_data
+
+        self.model = build_model(options, splits.sample_shape, splits.num_classes).to(device)
+        if self.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.precision = resolve_precision(options.precision, device)
+        self.optimizer = build_optimizer(self.model, options, self.world.world_size, device)
+        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        # fp16 needs loss scaling; bf16 has fp32's range and does not.
+        self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
+
+        self._resume()  # before DDP wraps the model: DDP then broadcasts rank 0's weights
+
+        # What the steps call: the model, inside DDP when distributed, compiled on request.
+        self.step_model: nn.Module = self.model
+        if self.world.distributed:
+            self.step_model = wrap_ddp(self.model, options, device)
+        if options.compile:
+            backend = "hpu_backend" if device.type == "hpu" else "inductor"
+            self.step_model = cast(nn.Module, torch.compile(self.step_model, backend=backend))
+        self.mark_step = launch.lazy_mode_step_marker(device)
+
+        shard = math.ceil(self.train_size / self.world.world_size)
+        self.steps_per_epoch = math.ceil(shard / options.batch_size)
+        self.reporter = None
+        if self.world.is_main and options.report_progress:
+            self.reporter = StatusReporter.from_env(os.environ)
+        self.bar = ProgressBar(enabled=self.world.is_main)
+
+    def _prepare_data(self) -> Splits:
+        """With --download, local rank 0 of each node fetches while the node's others wait."""
+        if self.options.download:
+            if self.world.local_rank == 0:
+                download_dataset(self.options, log.info)
+            if self.world.distributed:
+                # A gloo group of its own: a download may outlast the collectives' short timeout.
+                waiting = cast(
+                    dist.ProcessGroup, dist.new_group(backend="gloo", timeout=DOWNLOAD_TIMEOUT)
+                )
+                dist.barrier(group=waiting)
+                dist.destroy_process_group(waiting)
+        splits = load_dataset(self.options)
+        if self.world.is_main:
+            log.info(
+                "%s: %d training and %d validation samples of shape %s, %d classes",
+                self.options.dataset,
+                len(splits.train_y),
+                len(splits.val_y),
+                "x".join(map(str, splits.sample_shape)),
+                splits.num_classes,
+            )
+        return splits
+
+    def _resume(self) -> None:
+        """Continue from the newest valid checkpoint; rank 0 reads it, all ranks get it."""
+        if not self.options.checkpoint_dir:
+            return
+        found = None
+        if self.world.is_main:
+            found = checkpoint.load_latest_checkpoint(Path(self.options.checkpoint_dir))
+        if self.world.distributed:
+            # Sent, not re-read: other nodes need not share the checkpoint volume.
+            box = [found]
+            dist.broadcast_object_list(box, src=0)
+            found = box[0]
+        if found is None:
+            return
+        state, path = found
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise TrainerError(
+                f"checkpoint {path} does not fit this model and optimizer "
+                f"(was it written with other options?): {str(exc).splitlines()[0]}"
+            ) from None
+        self.progress = Progress(**state["progress"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if self.device.type == "cuda" and "cuda" in state["rng"]:
+            torch.cuda.set_rng_state(state["rng"]["cuda"])
+        self.resumed_from = self.progress.epoch
+        if self.world.is_main:
+            log.info("resuming after epoch %d from %s", self.progress.epoch, path)
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def train(self) -> Summary:
+        self.setup()
+        options = self.options
+        while self.progress.epoch < options.epochs and not self.progress.stopped_early:
+            epoch = self.progress.epoch + 1
+            metrics = self.run_epoch(epoch)
+            self.update_progress(metrics)
+            if options.checkpoint_dir and (
+                epoch % options.checkpoint_every == 0 or self.finished()
+            ):
+                self.save_checkpoint()
+            if self.world.is_main:
+                self.bar.clear()
+                print(epoch_line(metrics), flush=True)
+                self.report(metrics)
+            crash_once_if_asked(epoch, self.world.rank, self.world.world_size, os.environ)
+        return self.finish()
+
+    def run_epoch(self, epoch: int) -> EpochMetrics:
+        started = time.perf_counter()
+        shard = train_shard(
+            self.train_size, self.world.rank, self.world.world_size, epoch, self.options.seed
+        )
+        train_loss_sum, images = self.train_epoch(epoch, self.train_batches(shard))
+        launch.synchronize(self.device)
+        train_seconds = time.perf_counter() - started
+
+        self.sync_buffers()
+        val_correct, val_count, val_loss_sum = self.evaluate(
+            self.val_batches(eval_shard(self.val_size, self.world.rank, self.world.world_size))
+        )
+        # The epoch's one host sync: every rank reads the same sums.
+        sums = torch.stack(
+            [
+                train_loss_sum,
+                torch.tensor(float(images), device=self.device),
+                val_correct,
+                val_count,
+                val_loss_sum,
+            ]
+        )
+        loss_sum, images_all, correct, count, val_loss = self.all_reduce_sum(sums)
+        self.epoch_timings.append((images_all, train_seconds))
+        return EpochMetrics(
+            epoch=epoch,
+            loss=loss_sum / images_all,
+            val_loss=val_loss / count,
+            val_accuracy=correct / count,
+            images_per_sec=images_all / train_seconds,
+            epoch_time=time.perf_counter() - started,
+        )
+
+    def train_epoch(
+        self, epoch: int, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[torch.Tensor, int]:
+        """One pass over this rank's shard; returns the summed loss (on device) and images."""
+        self.step_model.train()
+        loss_sum = torch.zeros((), device=self.device)
+        seen = 0
+        first_step = (epoch - 1) * self.steps_per_epoch
+        augment_generator = self._augment_generator(epoch)
+        started = time.perf_counter()
+        for step, (images, labels) in enumerate(batches):
+            self.set_lr(first_step + step)
+            x = self.device_layout(images)
+            if augment_generator is not None:
+                x = augment(x, self.flip_images, augment_generator)
+            with self.autocast():
+                loss = nn.functional.cross_entropy(self.step_model(x), labels)
+            self.optimizer.zero_grad(set_to_none=True)
+            scaled = loss if self.scaler is None else self.scaler.scale(loss)
+            torch.autograd.backward(scaled)
+            self.mark_step()
+            if self.scaler is None:
+                self.optimizer.step()
+            else:
+                self.scaler.step(self.optimizer)  # skipped when fp16 gradients overflowed
+                self.scaler.update()
+            self.mark_step()
+            loss_sum += loss.detach().float() * len(labels)  # stays on the device: no sync
+            seen += len(labels)
+            self.bar.update(epoch, self.options.epochs, step + 1, self.steps_per_epoch, started)
+        return loss_sum, seen
+
+    @torch.no_grad()
+    def evaluate(
+        self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's (correct, count, loss sum) over its validation shard, on the device."""
+        self.step_model.eval()
+        correct = torch.zeros((), device=self.device)
+        count = torch.zeros((), device=self.device)
+        loss_sum = torch.zeros((), device=self.device)
+        for images, labels in batches:
+            with self.autocast():
+                logits = self.step_model(self.device_layout(images))
+            loss_sum += nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+            correct += (logits.argmax(dim=1) == labels).sum()
+            count += len(labels)
+            self.mark_step()
+        return correct, count, loss_sum
+
+    def update_progress(self, metrics: EpochMetrics) -> None:
+        """Early stop after --patience epochs at the target, from the all-reduced accuracy."""
+        progress, target = self.progress, self.options.target_accuracy
+        progress.epoch = metrics.epoch
+        progress.val_accuracy = metrics.val_accuracy
+        progress.best_val_accuracy = max(progress.best_val_accuracy, metrics.val_accuracy)
+        reached = target is not None and metrics.val_accuracy >= target
+        progress.epochs_at_target = progress.epochs_at_target + 1 if reached else 0
+        progress.stopped_early = (
+            progress.epochs_at_target >= self.options.patience
+            and metrics.epoch < self.options.epochs
+        )
+        if progress.stopped_early and self.world.is_main:
+            log.info(
+                "validation accuracy %.4f >= target %s for %d epoch(s): stopping",
+                metrics.val_accuracy,
+                target,
+                progress.epochs_at_target,
+            )
+
+    def finished(self) -> bool:
+        return self.progress.stopped_early or self.progress.epoch >= self.options.epochs
+
+    def save_checkpoint(self) -> None:
+        """Rank 0 writes; everyone waits, so the file exists before anyone goes on (or dies)."""
+        if self.world.is_main:
+            rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+            if self.device.type == "cuda":
+                rng["cuda"] = torch.cuda.get_rng_state()
+            state = {
+                "epoch": self.progress.epoch,
+                "model": self.model.state_dict(),  # the bare model: no DDP or compile prefixes
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "progress": dataclasses.asdict(self.progress),
+                "rng": rng,
+                "world_size": self.world.world_size,
+                "options": self.options.model_dump(),
+            }
+            checkpoint.save_checkpoint(
+                state,
+                Path(self.options.checkpoint_dir or "."),
+                self.progress.epoch,
+                self.options.keep_checkpoints,
+            )
+        if self.world.distributed:
+            dist.barrier()
+
+    def report(self, metrics: EpochMetrics) -> None:
+        if self.reporter is None:
+            return
+        patch = training_patch(
+            epoch=metrics.epoch,
+            epochs=self.options.epochs,
+            loss=metrics.loss,
+            val_accuracy=metrics.val_accuracy,
+            best_val_accuracy=self.progress.best_val_accuracy,
+            images_per_sec=metrics.images_per_sec,
+            now=now_utc(),
+        )
+        self.reporter.report(patch)
+
+    def finish(self) -> Summary:
+        timings = self.epoch_timings[1:] or self.epoch_timings  # the first epoch warms up
+        images = sum(images for images, _ in timings)
+        seconds = sum(seconds for _, seconds in timings)
+        summary = Summary(
+            world_size=self.world.world_size,
+            epochs_run=self.progress.epoch,
+            val_accuracy=self.progress.val_accuracy,
+            best_val_accuracy=self.progress.best_val_accuracy,
+            images_per_sec=images / seconds if seconds else 0.0,
+            stopped_early=self.progress.stopped_early,
+            resumed_from_epoch=self.resumed_from,
+        )
+        if self.world.is_main:
+            if self.options.summary_file:
+                write_summary(Path(self.options.summary_file), summary)
+            log.info(
+                "done: %d epochs, validation accuracy %.4f (best %.4f), %.0f images/s",
+                summary.epochs_run,
+                summary.val_accuracy,
+                summary.best_val_accuracy,
+                summary.images_per_sec,
+            )
+        return summary
+
+    # --- small helpers ----------------------------------------------------------------------
+
+    def set_lr(self, step: int) -> None:
+        factor = lr_factor(
+            step,
+            total_steps=self.options.epochs * self.steps_per_epoch,
+            warmup_steps=round(self.options.warmup_epochs * self.steps_per_epoch),
+            schedule=self.options.lr_schedule,
+        )
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base_lr * factor
+
+    def device_layout(self, images: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            return images.contiguous(memory_format=torch.channels_last)
+        return images
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def _augment_generator(self, epoch: int) -> torch.Generator | None:
+        """Different crops on each rank and epoch, reproducible after a resume."""
+        if not self.augment_images:
+            return None
+        generator_device = self.device if self.device.type == "cuda" else torch.device("cpu")
+        generator = torch.Generator(device=generator_device)
+        return generator.manual_seed(self.options.seed * 1_000_003 + epoch * 1009 + self.world.rank)
+
+    def sync_buffers(self) -> None:
+        """BatchNorm statistics from rank 0 once an epoch (DDP is told not to, every step)."""
+        if not self.world.distributed or self.world.world_size == 1:
+            return
+        for buffer in self.model.buffers():
+            if buffer.is_floating_point():  # HCCL has no int64; the step counters do not matter
+                dist.broadcast(buffer, src=0)
+
+    def all_reduce_sum(self, values: torch.Tensor) -> list[float]:
+        """SUM, in float32: the one reduction gloo, nccl and hccl all have for this dtype."""
+        values = values.float()
+        if self.world.distributed:
+            dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        return [float(value) for value in values.tolist()]
+
+
+def resolve_precision(choice: str, device: torch.device) -> str:
+    if choice != "auto":
+        return choice
+    if device.type == "hpu":
+        return "bf16"
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "fp32"
+
+
+def build_optimizer(
+    model: nn.Module, options: TrainerOptions, world_size: int, device: torch.device
+) -> torch.optim.Optimizer:
+    """Linear LR scaling with the world size (Goyal et al.); fused kernels on CUDA."""
+    lr = options.lr * (world_size if options.scale_lr else 1)
+    fused = True if device.type == "cuda" else None
+    if options.optimizer == "adamw":
+        return torch.optim.AdamW(
+            model.parameters(), lr=lr, weight_decay=options.weight_decay, fused=fused
+        )
+    return torch.optim.SGD(
+        model.parameters(),
+        lr=lr,
+        momentum=options.momentum,
+        weight_decay=options.weight_decay,
+        fused=fused,
+    )
+
+
+def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str) -> float:
+    """Linear warm-up to 1, then constant or a cosine decay to 0 at the last step."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    decayed = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(decayed, 1.0)))
+
+
+def wrap_ddp(model: nn.Module, options: TrainerOptions, device: torch.device) -> nn.Module:
+    # BatchNorm statistics are sent once per epoch (sync_buffers), not before every step; torch
+    # renamed the switch, and base images (NGC, Gaudi) ship older torch versions.
+    no_buffer_sync: dict[str, Any] = (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        else {"broadcast_buffers": False}
+    )
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,  # HPU: none, as Intel says
+        bucket_cap_mb=options.bucket_cap_mb,
+        gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copies
+        **no_buffer_sync,
+    )
+    if options.grad_compression != "none":
+        hook = {
+            "fp16": default_hooks.fp16_compress_hook,
+            "bf16": default_hooks.bf16_compress_hook,
+        }[options.grad_compression]
+        ddp.register_comm_hook(state=None, hook=hook)
+    return ddp
