@@ -44,11 +44,15 @@ def save_checkpoint(state: dict[str, Any], directory: Path, epoch: int, keep: in
     directory.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(directory, epoch)
     temporary = directory / f".{final.name}.{os.getpid()}.tmp"
-    with temporary.open("wb") as file:
-        torch.save(state, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, final)
+    try:
+        with temporary.open("wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, final)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     _fsync_directory(directory)  # the rename itself survives a crash
     for _, old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)

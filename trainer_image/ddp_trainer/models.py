@@ -143,7 +143,13 @@ def _user_model(spec: str, in_shape: tuple[int, ...], num_classes: int) -> nn.Mo
         raise TrainerError(
             f"--model {spec}: cannot load {attribute} from {module_name}: {exc}"
         ) from None
-    model = factory(in_shape=in_shape, num_classes=num_classes)
+    try:
+        model = factory(in_shape=in_shape, num_classes=num_classes)
+    except TypeError as exc:  # the wrong signature; errors inside the factory keep a traceback
+        raise TrainerError(
+            f"--model {spec}: calling {attribute}(in_shape={in_shape}, "
+            f"num_classes={num_classes}) failed: {exc}"
+        ) from None
     if not isinstance(model, nn.Module):
         raise TrainerError(f"--model {spec} returned {type(model).__name__}, not an nn.Module")
     return model

@@ -1,0 +1,178 @@
+"""Tiny learnable datasets in the published formats, and ways to run the trainer for real."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+import re
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+TORCHRUN = str(VENV_BIN / "torchrun")
+# Launcher and operator variables of the shell running the tests must not leak into the runs.
+_LAUNCH_PREFIXES = ("OMPI_", "PMI_", "MPI_", "SLURM_", "TORCHELASTIC_", "KUBEDDP_", "DDP_")
+_LAUNCH_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"}
+_LAUNCH_NAMES |= {"MASTER_PORT", "GROUP_RANK", "KUBERNETES_SERVICE_HOST"}
+RUN_TIMEOUT_S = 150
+
+
+def learnable_images(count: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 grey images whose class is a bright block at a class-specific place, in noise."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, count)
+    images = rng.integers(0, 120, (count, size, size)).astype(np.uint8)
+    block = size // 4
+    for index, label in enumerate(labels):
+        row, col = divmod(int(label), 4)
+        images[index, row * block : (row + 1) * block, col * block : (col + 1) * block] = 250
+    return images, labels.astype(np.uint8)
+
+
+def striped_images(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """3x32x32 uint8 images whose class is a full-width band (row and colour): the label
+    survives horizontal flips and small shifts, so --augment keeps it learnable."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, count)
+    images = rng.integers(0, 120, (count, 3, 32, 32)).astype(np.uint8)
+    for index, label in enumerate(labels):
+        channel, band = divmod(int(label), 5)
+        images[index, channel, band * 6 : band * 6 + 6, :] = 250
+    return images, labels.astype(np.uint8)
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """The IDX encoding of a uint8 array: magic 0 0 8 ndim, big-endian sizes, the data."""
+    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
+    return header + array.astype(np.uint8).tobytes()
+
+
+def write_idx_dataset(directory: Path, train: int = 800, test: int = 200, gz: bool = True) -> Path:
+    """An MNIST-format dataset (1x28x28) in `directory`, the four files gzipped or not."""
+    directory.mkdir(parents=True, exist_ok=True)
+    splits = {"train": learnable_images(train, 28, 1), "t10k": learnable_images(test, 28, 2)}
+    for prefix, (images, labels) in splits.items():
+        for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
+            data = idx_bytes(array)
+            name = f"{prefix}-{kind}-ubyte"
+            if gz:
+                (directory / f"{name}.gz").write_bytes(gzip.compress(data))
+            else:
+                (directory / name).write_bytes(data)
+    return directory
+
+
+def write_cifar_batch(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
+    batch = {
+        b"batch_label": path.name.encode(),
+        b"labels": [int(label) for label in labels],
+        b"data": images.reshape(len(images), -1),
+        b"filenames": [f"{i}.png".encode() for i in range(len(images))],
+    }
+    path.write_bytes(pickle.dumps(batch))
+
+
+def write_cifar_dataset(directory: Path, per_batch: int = 120, test: int = 200) -> Path:
+    """The CIFAR-10 python layout: cifar-10-batches-py/data_batch_1..5 and test_batch."""
+    batches = directory / "cifar-10-batches-py"
+    batches.mkdir(parents=True, exist_ok=True)
+    for number in range(1, 6):
+        images, labels = striped_images(per_batch, 10 + number)
+        write_cifar_batch(batches / f"data_batch_{number}", images, labels)
+    write_cifar_batch(batches / "test_batch", *striped_images(test, 99))
+    return directory
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in _LAUNCH_NAMES and not name.startswith(_LAUNCH_PREFIXES)
+    }
+    env["OMP_NUM_THREADS"] = "1"  # two processes on two cores, as torchrun would set
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def epochs(self) -> list[dict[str, Any]]:
+        """The per-epoch JSON lines of rank 0."""
+        return [json.loads(line) for line in self.stdout.splitlines() if line.startswith("{")]
+
+    def identities(self) -> set[str]:
+        """Each rank's `rank=... node_rank=...` placement, launcher and backend left out."""
+        pattern = r"(rank=\d+ world_size=\d+ local_rank=\d+ local_world_size=\d+ node_rank=\d+)"
+        return set(re.findall(pattern, self.stderr))
+
+    def check(self) -> Run:
+        assert self.returncode == 0, f"exit {self.returncode}\n{self.stdout}\n{self.stderr}"
+        return self
+
+
+def trainer_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ddp_trainer", *args]
+
+
+def torchrun_command(*args: str, nproc: int = 2, max_restarts: int = 0) -> list[str]:
+    return [
+        TORCHRUN,
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        "--monitor-interval=0.2",
+        "-m",
+        "ddp_trainer",
+        *args,
+    ]
+
+
+def run(command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> Run:
+    done = subprocess.run(
+        command,
+        env=env or clean_env(),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+def start(command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish(process: subprocess.Popen[str]) -> Run:
+    try:
+        stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        process.kill()
+    return Run(process.returncode, stdout, stderr)
+
+
+def summary(path: Path) -> dict[str, Any]:
+    return dict(json.loads(path.read_text()))
