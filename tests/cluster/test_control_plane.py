@@ -20,18 +20,25 @@ def test_server_and_kubectl_report_the_built_version(cluster: Cluster) -> None:
 
 
 def test_fake_nodes_offer_accelerators(cluster: Cluster) -> None:
-    nodes = cluster.core.list_node(label_selector="type=kwok").items
-    by_accelerator: dict[str, list[dict[str, str]]] = {}
-    for node in nodes:
-        accelerator = node.metadata.labels["kubeddp.io/accelerator"]
-        by_accelerator.setdefault(accelerator, []).append(node.status.allocatable)
-    assert sorted((kind, len(found)) for kind, found in by_accelerator.items()) == [
-        ("cpu", 1),
-        ("gaudi", 2),
-        ("nvidia", 2),
-    ]
-    assert all(a["nvidia.com/gpu"] == "8" for a in by_accelerator["nvidia"])
-    assert all(
-        a["habana.ai/gaudi"] == "8" and "hugepages-2Mi" in a for a in by_accelerator["gaudi"]
-    )
-    assert all("nvidia.com/gpu" not in a for a in by_accelerator["cpu"])
+    # By name: other tests may add fake nodes of their own for a while.
+    expected = {
+        "gpu-node-0": ("nvidia", "nvidia.com/gpu"),
+        "gpu-node-1": ("nvidia", "nvidia.com/gpu"),
+        "gaudi-node-0": ("gaudi", "habana.ai/gaudi"),
+        "gaudi-node-1": ("gaudi", "habana.ai/gaudi"),
+        "cpu-node-0": ("cpu", None),
+    }
+    for name, (accelerator, device) in expected.items():
+        node = cluster.core.read_node(name)
+        assert node.metadata.labels["kubeddp.io/accelerator"] == accelerator
+        assert node.metadata.labels["type"] == "kwok"
+        allocatable = node.status.allocatable
+        assert allocatable["pods"] == "110"
+        if device:
+            assert allocatable[device] == "8"
+        else:
+            assert not {"nvidia.com/gpu", "habana.ai/gaudi"} & set(allocatable)
+        if accelerator == "gaudi":
+            assert allocatable["hugepages-2Mi"] == "96Gi"
+        ready = next(c for c in node.status.conditions if c.type == "Ready")
+        assert ready.status == "True"
