@@ -12,8 +12,8 @@ and can be overridden, e.g. to test against a local API server):
                        default /var/run/secrets/kubernetes.io/serviceaccount/token
   KUBEDDP_CA_FILE      CA bundle for https; default .../serviceaccount/ca.crt
 
-A failed report logs a warning and backs off (5 s, doubling up to 5 min); it never raises, so
-it never stops training.
+A failed report logs a warning and backs off (5 s, doubling up to 5 min; the last epoch's
+report is tried regardless); it never raises, so it never stops training.
 """
 
 from __future__ import annotations
@@ -109,9 +109,10 @@ class StatusReporter:
         ca_file = Path(env.get("KUBEDDP_CA_FILE") or SERVICE_ACCOUNT_DIR / "ca.crt")
         return cls(status_url(api_server, namespace, name), token_file, ca_file)
 
-    def report(self, patch: dict[str, Any]) -> bool:
-        """Send the patch unless backing off; True when the API server accepted it."""
-        if self.clock() < self.retry_at:
+    def report(self, patch: dict[str, Any], final: bool = False) -> bool:
+        """Send the patch unless backing off (the final one is always tried); True when the
+        API server accepted it."""
+        if self.clock() < self.retry_at and not final:
             return False
         try:
             self._send(patch)
@@ -125,7 +126,7 @@ class StatusReporter:
                 self.backoff_s,
             )
             return False
-        self.backoff_s = 0.0
+        self.backoff_s = self.retry_at = 0.0
         return True
 
     def _send(self, patch: dict[str, Any]) -> None:

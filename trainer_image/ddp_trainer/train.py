@@ -379,7 +379,7 @@ class Recipe:
             images_per_sec=metrics.images_per_sec,
             now=now_utc(),
         )
-        self.reporter.report(patch)
+        self.reporter.report(patch, final=self.finished())
 
     def finish(self) -> Summary:
         timings = self.epoch_timings[1:] or self.epoch_timings  # the first epoch warms up

@@ -1,0 +1,177 @@
+"""Dataset formats, checksum-verified downloads, and each rank's share of an epoch."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from ddp_trainer.batches import augment, eval_shard, train_shard
+from ddp_trainer.datasets import (
+    CIFAR10_ARCHIVE,
+    IDX_SOURCES,
+    Remote,
+    fetch_verified,
+    load_dataset,
+    make_synthetic,
+    read_cifar_batch,
+    read_idx,
+)
+from ddp_trainer.errors import TrainerError
+from ddp_trainer.options import TrainerOptions
+from tests.trainer import support
+
+# --- formats -----------------------------------------------------------------------------
+
+
+def test_idx_files_read_the_same_gzipped_or_not(tmp_path: Path) -> None:
+    array = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    (tmp_path / "plain").write_bytes(support.idx_bytes(array))
+    (tmp_path / "packed.gz").write_bytes(gzip.compress(support.idx_bytes(array)))
+    np.testing.assert_array_equal(read_idx(tmp_path / "plain"), array)
+    np.testing.assert_array_equal(read_idx(tmp_path / "packed.gz"), array)
+
+
+def test_idx_reader_rejects_bad_magic_and_truncation(tmp_path: Path) -> None:
+    data = support.idx_bytes(np.zeros((4, 5), np.uint8))
+    (tmp_path / "bad").write_bytes(b"\x01" + data[1:])
+    (tmp_path / "short").write_bytes(data[:-3])
+    with pytest.raises(TrainerError, match="not an IDX file"):
+        read_idx(tmp_path / "bad")
+    with pytest.raises(TrainerError, match="truncated"):
+        read_idx(tmp_path / "short")
+
+
+@pytest.mark.parametrize("layout", [".", "mnist", "MNIST/raw"])
+def test_mnist_is_found_in_the_usual_layouts(tmp_path: Path, layout: str) -> None:
+    support.write_idx_dataset(tmp_path / layout, train=30, test=10, gz=layout != "mnist")
+    splits = load_dataset(TrainerOptions(dataset="mnist", data_dir=str(tmp_path)))
+    assert splits.train_x.shape == (30, 1, 28, 28)
+    assert splits.val_x.shape == (10, 1, 28, 28)
+    assert splits.train_y.dtype == np.int64
+    assert splits.num_classes == 10
+
+
+def test_missing_idx_files_name_the_file_and_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(
+        TrainerError, match=r"train-images-idx3-ubyte\[\.gz\] not found.*--download"
+    ):
+        load_dataset(TrainerOptions(dataset="fashion-mnist", data_dir=str(tmp_path)))
+
+
+def test_cifar_python_batches(tmp_path: Path) -> None:
+    support.write_cifar_dataset(tmp_path, per_batch=20, test=10)
+    splits = load_dataset(TrainerOptions(dataset="cifar10", data_dir=str(tmp_path)))
+    assert splits.train_x.shape == (100, 3, 32, 32)
+    assert splits.val_x.shape == (10, 3, 32, 32)
+    # Rows are R, G, B planes: reshaping to NCHW must give back the images written.
+    images, labels = support.striped_images(10, 99)
+    np.testing.assert_array_equal(splits.val_x, images)
+    np.testing.assert_array_equal(splits.val_y, labels)
+
+
+def test_a_file_that_is_not_a_cifar_batch_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "test_batch").write_bytes(b"not a pickle")
+    with pytest.raises(TrainerError, match="not a CIFAR python batch"):
+        read_cifar_batch(tmp_path / "test_batch")
+
+
+def test_digits_and_synthetic_split_by_val_fraction() -> None:
+    digits = load_dataset(TrainerOptions(dataset="digits", val_fraction=0.25))
+    assert len(digits.train_y) + len(digits.val_y) == 1797
+    assert len(digits.val_y) == round(1797 * 0.25)
+    assert digits.train_x.shape[1:] == (1, 8, 8)
+    synthetic = make_synthetic(1000, (3, 8, 8), 5, 0.2, seed=7)
+    assert synthetic.train_x.shape == (800, 3, 8, 8)
+    assert synthetic.num_classes == 5
+    again = make_synthetic(1000, (3, 8, 8), 5, 0.2, seed=7)
+    np.testing.assert_array_equal(synthetic.train_x, again.train_x)  # same on every rank
+
+
+# --- download: the verification logic, against a local mirror -----------------------------
+
+
+def _mirror(tmp_path: Path, name: str, content: bytes) -> tuple[str, str]:
+    mirror = tmp_path / "mirror"
+    mirror.mkdir(exist_ok=True)
+    (mirror / name).write_bytes(content)
+    return mirror.as_uri() + "/", hashlib.md5(content).hexdigest()
+
+
+def test_fetch_keeps_a_file_whose_checksum_matches(tmp_path: Path) -> None:
+    url, md5 = _mirror(tmp_path, "data.gz", b"payload")
+    target = fetch_verified(Remote("data.gz", md5, (url,)), tmp_path / "out", log=lambda _: None)
+    assert target.read_bytes() == b"payload"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["data.gz"]
+
+
+def test_fetch_refuses_a_corrupt_download_and_leaves_nothing(tmp_path: Path) -> None:
+    url, _ = _mirror(tmp_path, "data.gz", b"tampered")
+    remote = Remote("data.gz", hashlib.md5(b"payload").hexdigest(), (url,))
+    with pytest.raises(TrainerError, match=r"data\.gz.*md5"):
+        fetch_verified(remote, tmp_path / "out", log=lambda _: None)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_fetch_falls_back_to_the_next_mirror(tmp_path: Path) -> None:
+    url, md5 = _mirror(tmp_path, "data.gz", b"payload")
+    dead = (tmp_path / "nowhere").as_uri() + "/"
+    target = fetch_verified(Remote("data.gz", md5, (dead, url)), tmp_path / "out", lambda _: None)
+    assert target.read_bytes() == b"payload"
+
+
+def test_fetch_skips_a_verified_file_already_there(tmp_path: Path) -> None:
+    (tmp_path / "data.gz").write_bytes(b"payload")
+    dead = (tmp_path / "nowhere").as_uri() + "/"
+    remote = Remote("data.gz", hashlib.md5(b"payload").hexdigest(), (dead,))
+    assert fetch_verified(remote, tmp_path, log=lambda _: None) == tmp_path / "data.gz"
+
+
+def test_published_checksums_are_well_formed() -> None:
+    remotes = [*IDX_SOURCES["mnist"], *IDX_SOURCES["fashion-mnist"], CIFAR10_ARCHIVE]
+    for remote in remotes:
+        assert len(remote.md5) == 32
+        assert int(remote.md5, 16) >= 0
+        assert all(mirror.startswith(("https://", "http://")) for mirror in remote.mirrors)
+
+
+# --- sharding -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("samples", "world"), [(10, 3), (12, 4), (7, 1), (2, 3)])
+def test_training_shards_are_distributed_sampler_shards(samples: int, world: int) -> None:
+    for epoch in (0, 1, 5):
+        for rank in range(world):
+            sampler = DistributedSampler(
+                range(samples), num_replicas=world, rank=rank, shuffle=True, seed=3
+            )
+            sampler.set_epoch(epoch)
+            assert train_shard(samples, rank, world, epoch, seed=3).tolist() == list(sampler)
+
+
+def test_training_shards_cover_the_data_evenly_and_reshuffle_each_epoch() -> None:
+    shards = [train_shard(10, rank, 3, epoch=1, seed=0) for rank in range(3)]
+    assert {len(shard) for shard in shards} == {4}  # padded: every rank takes 4 steps' worth
+    assert set(torch.cat(shards).tolist()) == set(range(10))
+    assert not torch.equal(train_shard(10, 0, 3, 1, 0), train_shard(10, 0, 3, 2, 0))
+
+
+def test_evaluation_shards_count_every_sample_once() -> None:
+    shards = [eval_shard(10, rank, 3).tolist() for rank in range(3)]
+    assert sorted(index for shard in shards for index in shard) == list(range(10))
+    assert [len(shard) for shard in shards] == [4, 3, 3]
+
+
+def test_augmentation_shifts_and_flips_whole_images() -> None:
+    images = torch.arange(2 * 3 * 6 * 6, dtype=torch.float32).reshape(2, 3, 6, 6)
+    out = augment(images, flip=True, generator=torch.Generator().manual_seed(0))
+    assert out.shape == images.shape
+    for original, moved in zip(images, out, strict=True):
+        kept = set(moved.flatten().tolist()) - {0.0}
+        assert kept <= set(original.flatten().tolist())  # pixels move; none are invented
+        assert len(kept) >= 3 * 4 * 4 - 1  # at most 2 rows and 2 columns shifted out

@@ -1,0 +1,230 @@
+"""status.training reports: the patch body, the request, the backoff, and a whole run, all
+against a small HTTP server on 127.0.0.1 standing in for the API server."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddp_trainer.report import StatusReporter, status_url, training_patch
+from tests.trainer import support
+
+STATUS_PATH = "/apis/kubeddp.io/v1alpha1/namespaces/team-a/ddptrainingjobs/mnist/status"
+
+
+class FakeApiServer(ThreadingHTTPServer):
+    """Records PATCH requests; answers each with the next queued status code (200 when none)."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.requests: list[dict[str, Any]] = []
+        self.statuses: list[int] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeApiServer
+
+    def do_PATCH(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.requests.append(
+            {"path": self.path, "headers": dict(self.headers), "body": json.loads(body)}
+        )
+        status = self.server.statuses.pop(0) if self.server.statuses else 200
+        payload = b'{"kind":"Status","message":"injected failure"}' if status >= 400 else b"{}"
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet test output
+        pass
+
+
+@pytest.fixture
+def api_server() -> Iterator[FakeApiServer]:
+    server = FakeApiServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text("first-token\n")
+    return path
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+PATCH = training_patch(
+    epoch=3,
+    epochs=10,
+    loss=0.123456789,
+    val_accuracy=0.9,
+    best_val_accuracy=0.91,
+    images_per_sec=1234.56,
+    now=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+)
+
+
+def test_patch_body_is_the_operators_training_progress() -> None:
+    assert PATCH == {
+        "status": {
+            "training": {
+                "epoch": 3,
+                "epochs": 10,
+                "loss": 0.123457,
+                "valAccuracy": 0.9,
+                "bestValAccuracy": 0.91,
+                "imagesPerSec": 1234.6,
+                "updatedAt": "2026-01-02T03:04:05Z",
+            }
+        }
+    }
+
+
+def test_patch_body_has_rfc3339_utc_time_and_no_nan() -> None:
+    east = timezone(timedelta(hours=2))
+    patch = training_patch(
+        epoch=1,
+        epochs=1,
+        loss=float("nan"),
+        val_accuracy=0.5,
+        best_val_accuracy=0.5,
+        images_per_sec=float("inf"),
+        now=datetime(2026, 1, 2, 5, 0, 0, tzinfo=east),
+    )
+    training = patch["status"]["training"]
+    assert training["updatedAt"] == "2026-01-02T03:00:00Z"
+    assert training["loss"] is None
+    assert training["imagesPerSec"] is None
+    json.dumps(patch, allow_nan=False)
+
+
+def test_status_url_names_the_status_subresource() -> None:
+    assert status_url("https://10.0.0.1:443/", "team-a", "mnist") == (
+        "https://10.0.0.1:443" + STATUS_PATH
+    )
+
+
+def test_reporter_is_enabled_only_by_the_operators_env(token_file: Path) -> None:
+    job = {"KUBEDDP_JOB_NAME": "mnist", "KUBEDDP_JOB_NAMESPACE": "team-a"}
+    assert StatusReporter.from_env({}) is None
+    assert StatusReporter.from_env({**job, "KUBEDDP_TOKEN_FILE": str(token_file)}) is None
+    missing_token = {**job, "KUBEDDP_API_SERVER": "http://127.0.0.1:1"}
+    assert StatusReporter.from_env({**missing_token, "KUBEDDP_TOKEN_FILE": "/nonexistent"}) is None
+    in_cluster = {
+        **job,
+        "KUBERNETES_SERVICE_HOST": "fd00::1",
+        "KUBERNETES_SERVICE_PORT": "443",
+        "KUBEDDP_TOKEN_FILE": str(token_file),
+    }
+    reporter = StatusReporter.from_env(in_cluster)
+    assert reporter is not None
+    assert reporter.url == "https://[fd00::1]:443" + STATUS_PATH
+
+
+def test_report_merge_patches_the_status_with_the_current_token(
+    api_server: FakeApiServer, token_file: Path
+) -> None:
+    reporter = StatusReporter(status_url(api_server.url, "team-a", "mnist"), token_file)
+    assert reporter.report(PATCH) is True
+    token_file.write_text("rotated-token\n")  # projected tokens are refreshed by the kubelet
+    assert reporter.report(PATCH) is True
+
+    first, second = api_server.requests
+    assert first["path"] == STATUS_PATH
+    assert first["headers"]["Content-Type"] == "application/merge-patch+json"
+    assert first["headers"]["Authorization"] == "Bearer first-token"
+    assert second["headers"]["Authorization"] == "Bearer rotated-token"
+    assert first["body"] == PATCH
+
+
+def test_failed_reports_back_off_and_never_raise(
+    api_server: FakeApiServer, token_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    reporter = StatusReporter(
+        status_url(api_server.url, "team-a", "mnist"), token_file, None, clock
+    )
+    api_server.statuses = [403, 500]
+    with caplog.at_level(logging.WARNING):
+        assert reporter.report(PATCH) is False
+    assert "HTTP 403" in caplog.text
+    assert "injected failure" in caplog.text
+    assert len(api_server.requests) == 1
+
+    clock.now += 4.9  # still backing off: no request at all
+    assert reporter.report(PATCH) is False
+    assert len(api_server.requests) == 1
+
+    clock.now += 0.2  # 5 s after the failure: tried again, fails again, waits twice as long
+    assert reporter.report(PATCH) is False
+    assert len(api_server.requests) == 2
+    clock.now += 9.9
+    assert reporter.report(PATCH) is False
+    assert len(api_server.requests) == 2
+
+    assert reporter.report(PATCH, final=True) is True  # the last epoch's report is always tried
+    assert len(api_server.requests) == 3
+
+    clock.now += 0.2  # the server is back: the report goes through and the backoff resets
+    assert reporter.report(PATCH) is True
+    assert reporter.report(PATCH) is True
+    assert len(api_server.requests) == 5
+
+
+def test_unreachable_api_server_is_a_warning(
+    token_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = support.free_port()  # nothing listens there
+    reporter = StatusReporter(status_url(f"http://127.0.0.1:{port}", "a", "b"), token_file)
+    with caplog.at_level(logging.WARNING):
+        assert reporter.report(PATCH) is False
+    assert "could not report progress" in caplog.text
+
+
+def test_a_run_reports_every_epoch_and_the_defaults_learn(
+    api_server: FakeApiServer, token_file: Path, tmp_path: Path
+) -> None:
+    """The defaults (synthetic data, mlp) reach 0.8 within 5 epochs, each one reported."""
+    env = support.clean_env(
+        KUBEDDP_JOB_NAME="mnist",
+        KUBEDDP_JOB_NAMESPACE="team-a",
+        KUBEDDP_API_SERVER=api_server.url,
+        KUBEDDP_TOKEN_FILE=str(token_file),
+    )
+    api_server.statuses = [500]  # the first report fails; training goes on, backing off
+    run = support.run(support.trainer_command("--epochs=5"), env, cwd=tmp_path).check()
+    assert "could not report progress" in run.stderr
+    assert run.epochs[-1]["val_accuracy"] >= 0.8
+
+    reported = [request["body"]["status"]["training"] for request in api_server.requests]
+    assert reported[0]["epoch"] == 1
+    assert len(reported) < 5  # epochs end faster than the 5 s backoff
+    assert reported[-1]["epoch"] == 5
+    assert reported[-1]["epochs"] == 5
+    assert reported[-1]["valAccuracy"] == pytest.approx(run.epochs[-1]["val_accuracy"], abs=1e-6)
+    assert all(request["path"] == STATUS_PATH for request in api_server.requests)
