@@ -163,6 +163,10 @@ class BuildError(RuntimeError):
     pass
 
 
+class ClusterError(RuntimeError):
+    pass
+
+
 def go_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -171,6 +175,7 @@ def go_env() -> dict[str, str]:
         GOFLAGS="-modcacherw -buildvcs=false",  # a read-write module cache can be rm -rf'ed
         GOMODCACHE=str(CACHE_DIR / "go" / "mod"),
         GOCACHE=str(CACHE_DIR / "go" / "build-cache"),
+        GOTMPDIR=str(CACHE_DIR / "go" / "tmp"),  # go build's scratch space, /tmp may be small
         GOWORK="off",
     )
     return env
@@ -229,6 +234,8 @@ def build_one(build: GoBuild) -> None:
     log(f"building {build.name} {build.version} (minutes with a cold Go cache)")
     shutil.rmtree(build.work_dir, ignore_errors=True)
     build.work_dir.mkdir(parents=True)
+    for leftover in build.bin_dir.parent.glob(f".{build.name}-*"):  # from an interrupted build
+        shutil.rmtree(leftover)
     go(["mod", "init", "local.invalid/kube-ddp-dev-cluster"], build.work_dir)
     if build.staging_replaces:
         replaces, godebugs = staging_replaces(build)
@@ -238,20 +245,8 @@ def build_one(build: GoBuild) -> None:
     out_dir = Path(tempfile.mkdtemp(prefix=f".{build.name}-", dir=build.bin_dir.parent))
     out_dir.chmod(0o755)  # mkdtemp makes it private
     ldflags = " ".join(("-s", "-w", *build.ldflags))
-    go(
-        [
-            "build",
-            "-trimpath",
-            "-p",
-            "2",
-            "-ldflags",
-            ldflags,
-            "-o",
-            f"{out_dir}/",
-            *build.packages.values(),
-        ],
-        build.work_dir,
-    )
+    build_flags = ["-trimpath", "-p", "2", "-ldflags", ldflags, "-o", f"{out_dir}/"]
+    go(["build", *build_flags, *build.packages.values()], build.work_dir)
     for name, package in build.packages.items():
         produced = out_dir / go_binary_name(package)
         if produced != out_dir / name:
@@ -285,6 +280,7 @@ def build_all() -> None:
     if shutil.which("go") is None:
         raise BuildError("the Go toolchain (`go`) is not on PATH; it is needed for a cold build")
     with cache_lock():
+        (CACHE_DIR / "go" / "tmp").mkdir(parents=True, exist_ok=True)
         for build in BUILDS:
             build_one(build)
 
@@ -295,7 +291,11 @@ def build_all() -> None:
 
 def openssl(*args: str) -> None:
     env = dict(os.environ, OPENSSL_CONF="/dev/null")  # no distribution defaults sneak in
-    subprocess.run(["openssl", *args], env=env, check=True, capture_output=True)
+    result = subprocess.run(
+        ["openssl", *args], env=env, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise ClusterError(f"openssl {' '.join(args)} failed: {result.stderr.strip()}")
 
 
 def new_key(path: Path) -> None:
@@ -358,10 +358,6 @@ def make_pki(pki: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # the cluster
-
-
-class ClusterError(RuntimeError):
-    pass
 
 
 PKI = STATE_DIR / "pki"
