@@ -57,8 +57,13 @@ test: lint
 crds: venv
 	$(VENV)/bin/kube-ddp crd > manifests/crd.yaml
 
+# The README's first command: a real 2-process DDP job, launched the way clusters launch it
+# (torchrun, gloo on CPU), on scikit-learn's bundled 8x8 digits, so nothing is downloaded.
+DEMO_ARGS := --dataset digits --model wide-resnet --wrn-depth 16 --wrn-width 2 --epochs 12 \
+	--batch-size 32 --target-accuracy 0.98 --patience 2
 demo: venv
-	$(PY) -m ddp_trainer.demo
+	@echo "== torchrun --nproc-per-node 2 -m ddp_trainer $(DEMO_ARGS)"
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m ddp_trainer $(DEMO_ARGS)
 
 bench: venv
 	$(PY) -m benchmarks
