@@ -28,7 +28,18 @@ FINISHED: tuple[Phase, ...] = ("Succeeded", "Failed")
 NOT_CREATED: tuple[Phase | None, ...] = (None, "Restarting", "Suspended")
 # Pod reasons that mean the pod was taken away rather than the program failing.
 LOST_REASONS = frozenset(
-    {"Evicted", "Deleted", "NodeLost", "Preempted", "UnexpectedAdmissionError"}
+    {
+        "Evicted",
+        "Deleted",
+        "NodeLost",
+        "Preempted",
+        "UnexpectedAdmissionError",
+        # the reasons of a pod's DisruptionTarget condition
+        "DeletionByPodGC",
+        "EvictionByEvictionAPI",
+        "PreemptionByScheduler",
+        "TerminationByKubelet",
+    }
 )
 RETRYABLE_EXIT_CODE = 128  # >= 128: killed by a signal (OOM killer, SIGTERM, SIGKILL, abort)
 
@@ -69,6 +80,9 @@ class PodView:
         if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
             unschedulable = scheduled.get("message") or "the scheduler cannot place this pod"
         owners = [o for o in metadata.get("ownerReferences", []) if o.get("controller")]
+        # Set when the pod is taken away (node gone, eviction, preemption) before it ends.
+        disruption = conditions.get("DisruptionTarget", {})
+        disrupted = disruption if disruption.get("status") == "True" else {}
         return cls(
             name=metadata.get("name", ""),
             index=_int(labels.get(names.LABEL_REPLICA_INDEX)),
@@ -76,8 +90,8 @@ class PodView:
             phase=status.get("phase") or "Pending",
             deleting=metadata.get("deletionTimestamp") is not None,
             exit_code=terminated.get("exitCode"),
-            reason=status.get("reason") or terminated.get("reason"),
-            message=status.get("message") or terminated.get("message"),
+            reason=disrupted.get("reason") or status.get("reason") or terminated.get("reason"),
+            message=disrupted.get("message") or status.get("message") or terminated.get("message"),
             finished_at=terminated.get("finishedAt"),
             scheduled=bool(pod.get("spec", {}).get("nodeName"))
             or scheduled.get("status") == "True",

@@ -206,6 +206,14 @@ FAILURES = [
     ),
     ("deleted restarts", {}, 0, pod(1, "Running", deleting=True), "Restarting", None),
     ("node lost restarts", {}, 0, pod(1, "Unknown"), "Restarting", None),
+    (
+        "pod GC after node loss",
+        {},
+        0,
+        pod(1, "Failed", reason="DeletionByPodGC"),
+        "Restarting",
+        None,
+    ),
 ]
 
 
@@ -421,3 +429,25 @@ def test_pod_view_reads_the_schedulers_verdict() -> None:
         "0/5 nodes are available",
         -1,
     )
+
+
+def test_pod_view_reads_a_disruption() -> None:
+    """What the pod garbage collector leaves of a pod whose node is gone."""
+    raw = {
+        "metadata": {"name": "bar-worker-1", "labels": {}},
+        "status": {
+            "phase": "Failed",
+            "conditions": [
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "DeletionByPodGC",
+                    "message": "PodGC: node no longer exists",
+                }
+            ],
+            "containerStatuses": [{"name": "trainer", "state": {"running": {}}}],
+        },
+    }
+    view = PodView.from_pod(raw)
+    assert (view.phase, view.reason, view.exit_code) == ("Failed", "DeletionByPodGC", None)
+    assert view.message == "PodGC: node no longer exists"
