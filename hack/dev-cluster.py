@@ -543,17 +543,52 @@ def stop_processes(state: State | None, grace: float = 15.0) -> None:
     if not state:
         return
     for component in reversed(state["components"]):
-        if not is_alive(component):
-            continue
-        os.kill(component["pid"], signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while is_alive(component) and time.monotonic() < deadline:
-            time.sleep(0.05)
-            reap(component["pid"])
-        if is_alive(component):
-            log(f"{component['name']} ignored SIGTERM for {grace:.0f} s; killing it")
-            os.kill(component["pid"], signal.SIGKILL)
+        stop_component(component, grace)
+
+
+def stop_component(component: Component, grace: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds."""
+    if not is_alive(component):
+        return
+    os.kill(component["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while is_alive(component) and time.monotonic() < deadline:
+        time.sleep(0.05)
         reap(component["pid"])
+    if is_alive(component):
+        log(f"{component['name']} ignored SIGTERM for {grace:.0f} s; killing it")
+        os.kill(component["pid"], signal.SIGKILL)
+    reap(component["pid"])
+
+
+def spawn(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    """Start one component in its own session, its output appended to its log."""
+    with open(LOGS / f"{name}.log", "ab") as log_file:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives `up`, and a ^C in the terminal
+        )
+
+
+def restart_apiserver() -> float:
+    """Stop kube-apiserver and start it again with the same flags (resilience tests); the
+    seconds it was unavailable."""
+    with state_lock():
+        state = running_state()
+        if state is None:
+            raise ClusterError("the cluster is not running")
+        component = next(c for c in state["components"] if c["name"] == "kube-apiserver")
+        started = time.monotonic()
+        stop_component(component)
+        process = spawn(component["name"], component["argv"])
+        component["pid"] = process.pid
+        STATE_FILE.write_text(json.dumps(state, indent=2))
+        check = functools.partial(is_healthy, f"{state['server']}/readyz", tls_context())
+        wait_until("kube-apiserver /readyz", check, 60, {component["name"]: process})
+        return time.monotonic() - started
 
 
 def reap(pid: int) -> None:
@@ -689,14 +724,7 @@ def start_cluster(owner: str) -> State:
     }
 
     def start(name: str) -> None:
-        with open(LOGS / f"{name}.log", "wb") as log_file:
-            processes[name] = subprocess.Popen(
-                commands[name],
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # outlives `up`, and a ^C in the terminal
-            )
+        processes[name] = spawn(name, commands[name])
         # Record each process at once, so a failed start can still be cleaned up.
         state["components"].append(
             {"name": name, "pid": processes[name].pid, "argv": commands[name]}

@@ -22,7 +22,7 @@ from tests.cluster.operator_support import (
     job_manifest,
     running_operator,
 )
-from tests.cluster.support import Cluster, wait_for
+from tests.cluster.support import Cluster, load_dev_cluster, wait_for
 
 CPU_2 = {"nodes": 2}
 
@@ -294,3 +294,16 @@ def test_a_hundred_jobs_at_once_all_end_right(
         job = pod.metadata.owner_references[0].name
         assert int(pod.metadata.labels[names.LABEL_ATTEMPT]) == expected[job][1]
     assert all(count == 1 for count in owners.values())  # no duplicates
+
+
+def test_the_operator_survives_an_api_server_restart(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create(job_manifest("before", nodes=1))
+    jobs.wait_phase("before", "Running")
+    load_dev_cluster().restart_apiserver()
+    jobs.create(job_manifest("after", nodes=1))
+    jobs.wait_pods("after", 1, timeout=60)
+    jobs.wait_phase("after", "Running")
+    jobs.end_worker("before-worker-0", 0)
+    jobs.wait_phase("before", "Succeeded")
