@@ -31,6 +31,9 @@ from kube_ddp.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, job name)
+# Pod events of one job within this many seconds are handled together: fewer status writes
+# under load, at a small cost in reaction time.
+POD_EVENT_WINDOW = 0.05
 REFUSED = (400, 422)  # the API server's verdict on an object: retrying cannot help
 MPI_OPERATOR_MISSING = (
     "launcher mpi needs the MPI Operator (kubeflow.org/v2beta1 MPIJob), which this cluster "
@@ -290,4 +293,4 @@ async def pod_event(
     if job and namespace:
         key = (namespace, job)
         operator.expectations.observe(key, name)
-        operator.queue.add(key)
+        operator.queue.add_batched(key, POD_EVENT_WINDOW)

@@ -23,9 +23,11 @@ class WorkQueue(Generic[K]):
         self._waiting: set[K] = set()
         self._busy: set[K] = set()
         self._again: set[K] = set()
+        self._batched: set[K] = set()
         self._tasks = [asyncio.create_task(self._work()) for _ in range(workers)]
 
     def add(self, key: K, after: float = 0.0) -> None:
+        """Queue `key` now, or after `after` seconds."""
         if after > 0:
             asyncio.get_running_loop().call_later(after, self.add, key)
             return
@@ -34,6 +36,18 @@ class WorkQueue(Generic[K]):
         elif key not in self._waiting:
             self._waiting.add(key)
             self._queue.put_nowait(key)
+
+    def add_batched(self, key: K, window: float) -> None:
+        """Queue `key` in `window` seconds, folding every call until then into that one: a
+        burst of pod events becomes one reconcile (and one status write) per job."""
+        if key in self._waiting or key in self._batched:
+            return
+        self._batched.add(key)
+        asyncio.get_running_loop().call_later(window, self._release, key)
+
+    def _release(self, key: K) -> None:
+        self._batched.discard(key)
+        self.add(key)
 
     async def _work(self) -> None:
         while True:
