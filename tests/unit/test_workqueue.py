@@ -44,10 +44,11 @@ def test_batched_events_fold_into_one_reconcile() -> None:
             calls.append(key)
 
         queue: WorkQueue[str] = WorkQueue(handle, workers=2)
-        for _ in range(10):
-            queue.add_batched("job", 0.05)
+        for _ in range(4):  # events spread over the window
+            queue.add_batched("job", 0.1)
+            await asyncio.sleep(0.02)
         await asyncio.sleep(0.2)
-        queue.add_batched("job", 0.05)
+        queue.add_batched("job", 0.1)
         await asyncio.sleep(0.2)
         await queue.close()
         return calls
