@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -319,8 +319,14 @@ def build_worker_pod(job: DDPTrainingJob, index: int, attempt: int, settings: Bu
     }
 
 
-def build_worker_pods(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> list[Obj]:
-    return [build_worker_pod(job, i, attempt, settings) for i in range(job.spec.nodes)]
+def build_worker_pods(
+    job: DDPTrainingJob,
+    attempt: int,
+    settings: BuildSettings,
+    indices: Iterable[int] | None = None,
+) -> list[Obj]:
+    chosen = range(job.spec.nodes) if indices is None else indices
+    return [build_worker_pod(job, i, attempt, settings) for i in chosen]
 
 
 def mpirun_command(job: DDPTrainingJob) -> list[str]:
@@ -417,15 +423,20 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
 
 
 def build_children(
-    job: DDPTrainingJob, attempt: int = 0, settings: BuildSettings | None = None
+    job: DDPTrainingJob,
+    attempt: int = 0,
+    settings: BuildSettings | None = None,
+    indices: Iterable[int] | None = None,
 ) -> list[Obj]:
-    """Everything the operator creates for `job` at `attempt`, in creation order: pods last,
-    since they name the ServiceAccount."""
+    """Everything the operator creates for `job` at `attempt` (only the worker pods in
+    `indices`, when given), in creation order: pods last, since they name the
+    ServiceAccount."""
     settings = settings or BuildSettings()
     rbac = build_reporter_rbac(job)
     if job.spec.launcher == "mpi":
         return [*rbac, build_mpijob(job, attempt, settings)]
-    return [build_service(job), *rbac, *build_worker_pods(job, attempt, settings)]
+    pods = build_worker_pods(job, attempt, settings, indices)
+    return [build_service(job), *rbac, *pods]
 
 
 def build_event(

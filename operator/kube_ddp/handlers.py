@@ -26,7 +26,16 @@ from kube_ddp.api import DDPTrainingJob, JobStatus, describe_errors, load_job
 from kube_ddp.builders import BuildSettings, build_children, build_event
 from kube_ddp.config import OperatorConfig
 from kube_ddp.kube import Kube, connection_info, load_configuration
-from kube_ddp.status import CreateWorkers, Decision, DeleteJob, DeletePods, PodView, decide, reject
+from kube_ddp.status import (
+    Action,
+    CreateWorkers,
+    Decision,
+    DeleteJob,
+    DeletePods,
+    PodView,
+    decide,
+    reject,
+)
 from kube_ddp.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -168,15 +177,12 @@ class Operator:
         else:
             self.failures.pop(key, None)
 
-    async def _act(self, key: Key, body: dict[str, Any], job: DDPTrainingJob, action: Any) -> None:
+    async def _act(
+        self, key: Key, body: dict[str, Any], job: DDPTrainingJob, action: Action
+    ) -> None:
         namespace, name = key
         if isinstance(action, CreateWorkers):
-            children = [
-                child
-                for child in build_children(job, action.attempt, self.build_settings)
-                if child["kind"] != "Pod"
-                or int(child["metadata"]["labels"][names.LABEL_REPLICA_INDEX]) in action.indices
-            ]
+            children = build_children(job, action.attempt, self.build_settings, action.indices)
             kopf.adopt(children, owner=kopf.Body(cast(kopf.RawBody, body)))
             pods = [c for c in children if c["kind"] == "Pod"]
             others = [c for c in children if c["kind"] != "Pod"]
@@ -207,10 +213,13 @@ class Operator:
             if updated is not None:
                 self.jobs.offer(key, updated)
                 metrics.observe_transition(body, before, decision.status)
-        for event in decision.events:
-            await self.kube.create(
-                build_event(body, event.type, event.reason, event.message, utcnow())
+        stamp = utcnow()
+        await asyncio.gather(
+            *(
+                self.kube.create(build_event(body, e.type, e.reason, e.message, stamp))
+                for e in decision.events
             )
+        )
         if decision.requeue_after is not None:
             self.queue.add(key, after=decision.requeue_after + 0.5)
 

@@ -403,3 +403,9 @@ def test_mpijob_exports_the_contract_and_user_env() -> None:
 def test_mpi_launcher_children_are_one_mpijob() -> None:
     children = build_children(make_job(launcher="mpi", **GAUDI_2X8), settings=SETTINGS)
     assert [c["kind"] for c in children] == ["ServiceAccount", "Role", "RoleBinding", "MPIJob"]
+
+
+def test_children_for_some_indices_only() -> None:
+    children = build_children(make_job(nodes=4), attempt=2, settings=SETTINGS, indices=(1, 3))
+    pods = [c["metadata"]["name"] for c in children if c["kind"] == "Pod"]
+    assert pods == ["bar-worker-1", "bar-worker-3"]
