@@ -66,7 +66,7 @@ demo: venv
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m ddp_trainer $(DEMO_ARGS)
 
 bench: venv
-	$(PY) -m benchmarks
+	$(PY) -m benchmarks all --repeats 3
 
 cluster-build cluster-up cluster-down cluster-status: venv
 	$(PY) hack/dev-cluster.py $(@:cluster-%=%)

@@ -63,8 +63,10 @@ class ProgressBar:
         self.drawn_at = 0.0
 
     def update(self, epoch: int, epochs: int, step: int, steps: int, started: float) -> None:
+        if not self.enabled:
+            return
         now = time.perf_counter()
-        if not self.enabled or (now - self.drawn_at < 0.1 and step < steps):
+        if now - self.drawn_at < 0.1 and step < steps:
             return
         self.drawn_at = now
         done = int(self.WIDTH * step / max(steps, 1))

@@ -1,0 +1,40 @@
+"""python -m benchmarks [trainer|operator|all] [--repeats N] [--quick] [--no-write]"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from benchmarks.markdown import replace_section
+
+DOCUMENT = Path(__file__).resolve().parents[1] / "docs" / "BENCHMARKS.md"
+BENCHMARKS = ("trainer", "operator")  # modules of this package, in the order `all` runs them
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("which", nargs="?", default="all", choices=(*BENCHMARKS, "all"))
+    parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (median)")
+    parser.add_argument("--quick", action="store_true", help="smaller runs, to try the code")
+    parser.add_argument("--no-write", action="store_true", help=f"do not update {DOCUMENT.name}")
+    args = parser.parse_args(argv)
+    for name in BENCHMARKS if args.which == "all" else (args.which,):
+        try:
+            module = importlib.import_module(f"benchmarks.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"benchmarks.{name}":
+                raise
+            print(f"benchmarks: no {name} benchmark yet, skipped", file=sys.stderr)
+            continue
+        section = module.run(args)
+        print(section)
+        if not args.no_write and not args.quick:
+            replace_section(DOCUMENT, name, section)
+            print(f"benchmarks: wrote the {name} section of {DOCUMENT}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Trainer benchmark: ddp_trainer against the tutorials' DDP loop, and what DDP costs alone.
+
+Every figure is training throughput (images/s summed over ranks, epochs after the first, no
+evaluation) reported by the runs themselves, the median of --repeats runs. The runs of one
+group are interleaved (A, B, C, A, B, C, ...) so that load from other work on a shared machine
+falls on every variant alike. Where CUDA is available, a GPU figure is added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+NAME = "trainer"
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+COMMAND = "make bench"  # = python -m benchmarks all --repeats 3
+
+# Same optimizer on both sides: the reference loop uses SGD with momentum, no weight decay.
+SHARED = (
+    "--dataset=synthetic",
+    "--synthetic-shape=1x28x28",
+    "--batch-size=128",
+    "--weight-decay=0",
+)
+MLP = ("--model=mlp", "--synthetic-samples=20480", "--epochs=3")
+WRN = ("--model=wide-resnet", "--wrn-depth=10", "--wrn-width=2", "--synthetic-samples=1536")
+WRN_EPOCHS = "--epochs=3"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run a workload: which program, how many processes, launched how."""
+
+    label: str
+    module: str  # ddp_trainer or benchmarks.reference_loop
+    processes: int = 2
+    torchrun: bool = True  # False: one plain process, no process group and no DDP
+    extra: tuple[str, ...] = ()
+
+    def command(self, workload: tuple[str, ...], summary: Path) -> list[str]:
+        args = [*SHARED, *workload, *self.extra]
+        if self.module == "ddp_trainer":
+            args += [f"--summary-file={summary}", "--no-report-progress"]
+        if not self.torchrun:
+            return [sys.executable, "-m", self.module, *args]
+        launcher = [TORCHRUN, "--standalone", f"--nproc-per-node={self.processes}"]
+        return [*launcher, "-m", self.module, *args]
+
+    def images_per_sec(self, workload: tuple[str, ...]) -> float:
+        with tempfile.TemporaryDirectory() as scratch:
+            summary = Path(scratch) / "summary.json"
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBEDDP_", "DDP_"))}
+            env["OMP_NUM_THREADS"] = str(max(1, cpu_count() // self.processes))
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+            done = subprocess.run(
+                self.command(workload, summary),
+                env=env,
+                cwd=scratch,
+                capture_output=True,
+                text=True,
+                timeout=900,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"{self.label} failed:\n{done.stdout}\n{done.stderr}")
+            if self.module == "ddp_trainer":
+                return float(json.loads(summary.read_text())["images_per_sec"])
+            return float(json.loads(done.stdout.strip().splitlines()[-1])["images_per_sec"])
+
+
+def medians(
+    title: str, variants: list[Variant], workload: tuple[str, ...], repeats: int
+) -> dict[str, float]:
+    """Median images/s of each variant, the runs interleaved across variants."""
+    print(f"trainer benchmark: {title}", file=sys.stderr)
+    samples: dict[str, list[float]] = {variant.label: [] for variant in variants}
+    for repeat in range(repeats):
+        for variant in variants:
+            rate = variant.images_per_sec(workload)
+            samples[variant.label].append(rate)
+            print(f"  [{repeat + 1}/{repeats}] {variant.label}: {rate:,.0f} img/s", file=sys.stderr)
+    return {label: statistics.median(values) for label, values in samples.items()}
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cpu_description() -> tuple[str, bool]:
+    """The CPU model, and whether it computes bf16 natively (AMX or AVX512-BF16)."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown CPU", False
+    lines = cpuinfo.splitlines()
+    model = next((line.split(":", 1)[1].strip() for line in lines if "model name" in line), "")
+    flags = next((line for line in lines if line.startswith("flags")), "")
+    return model or "unknown CPU", "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def run(args: argparse.Namespace) -> str:
+    repeats = 1 if args.quick else args.repeats
+    mlp = MLP if not args.quick else (*MLP, "--synthetic-samples=5120")
+    wrn = (*WRN, WRN_EPOCHS) if not args.quick else (*WRN, "--synthetic-samples=512", "--epochs=2")
+    cpu_model, native_bf16 = cpu_description()
+    mixed = "bf16" if native_bf16 else "fp32"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    started = time.time()
+
+    ours = Variant("ddp_trainer", "ddp_trainer")
+    reference = Variant("reference", "benchmarks.reference_loop")
+    ours_mixed = Variant("ddp_trainer mixed", "ddp_trainer", extra=(f"--precision={mixed}",))
+    ours_plain = Variant("ddp_trainer, no DDP", "ddp_trainer", 1, torchrun=False)
+    ours_ddp_one = Variant("ddp_trainer, DDP", "ddp_trainer", 1)
+    reference_plain = Variant("reference, no DDP", "benchmarks.reference_loop", 1, torchrun=False)
+
+    mlp_two = medians("MLP, 2 processes", [ours, reference], mlp, repeats)
+    mlp_one = medians("MLP, 1 process", [ours_plain, ours_ddp_one, reference_plain], mlp, repeats)
+    wrn_two = medians("WRN-10-2, 2 processes", [ours_mixed, reference, ours], wrn, repeats)
+    wrn_one = medians("WRN-10-2, 1 process", [ours_plain, ours_ddp_one], wrn, repeats)
+    minutes = (time.time() - started) / 60
+
+    rows = [
+        ("MLP 784-128-64-10", "2 (torchrun)", "fp32", mlp_two["ddp_trainer"], mlp_two["reference"]),
+        (
+            "MLP 784-128-64-10",
+            "1 (plain process)",
+            "fp32",
+            mlp_one["ddp_trainer, no DDP"],
+            mlp_one["reference, no DDP"],
+        ),
+        ("WRN-10-2", "2 (torchrun)", mixed, wrn_two["ddp_trainer mixed"], wrn_two["reference"]),
+    ]
+    if native_bf16:
+        rows.append(
+            ("WRN-10-2", "2 (torchrun)", "fp32", wrn_two["ddp_trainer"], wrn_two["reference"])
+        )
+    lines = [
+        "## Trainer",
+        "",
+        f"Command: `{COMMAND}` (the trainer part alone: `python -m benchmarks trainer`; "
+        "`--quick` for a smoke run that writes nothing).",
+        "",
+        f"Machine: {cpu_count()} CPUs, {cpu_model}"
+        f"{' with bf16 in hardware (AMX, AVX512-BF16)' if native_bf16 else ''}, no GPU; "
+        f"torch {torch.__version__}, Python {platform.python_version()}. "
+        f"Load average {load:.1f} at the start: the machine is shared, so figures are noisy. "
+        f"The run took {minutes:.1f} minutes.",
+        "",
+        "Training throughput in images/s over all ranks (epochs after the first, evaluation "
+        f"excluded), median of {repeats} interleaved runs; same model, synthetic 1x28x28 data, "
+        "batch size 128 per process, SGD with momentum, world size and launcher on both sides "
+        "(gloo on CPU).",
+        "",
+        "| model | processes | ddp_trainer precision | ddp_trainer | reference loop | speed-up |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *(
+            f"| {model} | {world} | {precision} | {ours_rate:,.0f} | {reference_rate:,.0f} "
+            f"| {ours_rate / reference_rate:.1f}x |"
+            for model, world, precision, ours_rate, reference_rate in rows
+        ),
+        "",
+        "Goal: at least 2x for the MLP and a small Wide-ResNet.",
+        "",
+        "DDP's own cost: ddp_trainer as one plain process (no process group, no DDP) against "
+        "the same under torchrun at world size 1 (gloo group, DDP wrapper and its all-reduce).",
+        "",
+        "| model | no DDP | DDP, world size 1 | overhead |",
+        "| --- | --- | --- | --- |",
+        _overhead_row("MLP 784-128-64-10", mlp_one),
+        _overhead_row("WRN-10-2, fp32", wrn_one),
+        "",
+        "Goal: at most 5%.",
+        "",
+        "The reference loop (`benchmarks/reference_loop.py`) is the tutorials' DDP loop: a "
+        "Dataset normalizing one sample per `__getitem__`, DataLoader with DistributedSampler, "
+        "fp32, `loss.item()` after every step; model and data come from ddp_trainer, so only "
+        "the loop differs. ddp_trainer keeps the dataset on the device and batches it by index, "
+        "reads the loss once per epoch, runs convolutions channels_last, uses "
+        "gradient_as_bucket_view, and bf16 autocast where the hardware computes bf16 (the "
+        "precision column; its CPU default is fp32).",
+        "",
+        *gpu_lines(repeats),
+    ]
+    return "\n".join(lines)
+
+
+def _overhead_row(model: str, rates: dict[str, float]) -> str:
+    plain, ddp = rates["ddp_trainer, no DDP"], rates["ddp_trainer, DDP"]
+    return f"| {model} | {plain:,.0f} | {ddp:,.0f} | {(plain - ddp) / plain * 100:+.1f}% |"
+
+
+def gpu_lines(repeats: int) -> list[str]:
+    """ResNet-18 images/s on CIFAR-shaped data on one GPU, where CUDA is available."""
+    if not torch.cuda.is_available():
+        return [
+            "GPU figures (CIFAR-10 ResNet-18 images/s, Fashion-MNIST WRN time to 90%): not "
+            "measured, this machine has no GPU. On a machine with CUDA the same command adds "
+            "a ResNet-18 row.",
+        ]
+    workload = ("--model=resnet18", "--synthetic-samples=20000", "--epochs=3")
+    gpu = Variant("ResNet-18 on one GPU", "ddp_trainer", 1, extra=("--device=cuda",))
+    shape = ("--synthetic-shape=3x32x32", "--batch-size=256")
+    rate = medians("ResNet-18, one GPU", [gpu], (*workload, *shape), repeats)[gpu.label]
+    return [
+        f"GPU: {torch.cuda.get_device_name(0)}, one process, ResNet-18 (CIFAR variant) on "
+        f"3x32x32 synthetic data, batch 256, precision auto (bf16), channels_last: "
+        f"{rate:,.0f} images/s (median of {repeats}). Fashion-MNIST WRN time to 90% needs "
+        "the dataset files and is not measured here.",
+    ]
