@@ -100,10 +100,25 @@ def contract_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[O
     return [{"name": name, "value": value} for name, value in values]
 
 
+def _launcher_defaults(job: DDPTrainingJob) -> dict[str, str]:
+    """Settings the launcher needs that the user may still override."""
+    if job.spec.elastic is None:
+        return {}
+    # torchrun restarts reuse one TCP store across nodes and read the dead group's
+    # addresses from it (pytorch#135712) unless this is set.
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def worker_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[Obj]:
     """The contract first, then the user's env (which may refer to it as $(NAME))."""
     user = [e.model_dump(by_alias=True, exclude_none=True) for e in job.spec.env]
-    return contract_env(job, index, attempt) + user
+    chosen = {e["name"] for e in user}
+    defaults = [
+        {"name": name, "value": value}
+        for name, value in _launcher_defaults(job).items()
+        if name not in chosen
+    ]
+    return contract_env(job, index, attempt) + defaults + user
 
 
 # --- what runs --------------------------------------------------------------------------------

@@ -111,6 +111,8 @@ def test_env_contract(
 ) -> None:
     container = container_of(worker(spec, index, attempt=2))
     env = env_of(container)
+    if spec.get("elastic"):  # torchrun restarts across nodes need it (pytorch#135712)
+        assert env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1"
     pet = {f"PET_{k}": v for k, v in expected.items() if k in ("NNODES", "NODE_RANK")}
     pet["PET_NPROC_PER_NODE"] = expected["NPROC_PER_NODE"]
     assert env == {
@@ -409,3 +411,9 @@ def test_children_for_some_indices_only() -> None:
     children = build_children(make_job(nodes=4), attempt=2, settings=SETTINGS, indices=(1, 3))
     pods = [c["metadata"]["name"] for c in children if c["kind"] == "Pod"]
     assert pods == ["bar-worker-1", "bar-worker-3"]
+
+
+def test_users_env_overrides_a_launcher_default() -> None:
+    spec = {**ELASTIC, "env": [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "0"}]}
+    env = container_of(worker(spec))["env"]
+    assert [e["value"] for e in env if e["name"] == "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == ["0"]
