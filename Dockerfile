@@ -9,11 +9,11 @@ COPY trainer_image/ddp_trainer trainer_image/ddp_trainer
 COPY operator/pyproject.toml operator/
 COPY operator/kube_ddp operator/kube_ddp
 # The operator needs only the trainer's options model, never torch.
-RUN pip install ./trainer_image ./operator
-
-RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin kubeddp
+RUN pip install ./trainer_image ./operator \
+    && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin kubeddp
 USER 10001
 WORKDIR /
-EXPOSE 8080
+# 8080 /healthz (liveness), 8081 /metrics
+EXPOSE 8080 8081
 ENTRYPOINT ["kube-ddp"]
 CMD ["operator", "--all-namespaces"]
