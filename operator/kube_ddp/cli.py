@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -86,9 +87,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from kube_ddp import handlers  # noqa: F401  (registers the handlers with kopf)
     from kube_ddp.config import OperatorConfig
 
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # where kopf's kubeconfig reader looks
     config = OperatorConfig(
         namespaces=tuple(args.namespace or ()),
-        kubeconfig=args.kubeconfig,
         trainer_image=args.trainer_image,
         health_port=args.health_port,
         metrics_port=args.metrics_port,

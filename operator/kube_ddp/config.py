@@ -10,7 +10,6 @@ from kube_ddp import names
 @dataclass(frozen=True)
 class OperatorConfig:
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
-    kubeconfig: str | None = None  # None: in-cluster, then the default kubeconfig
     trainer_image: str = names.DEFAULT_TRAINER_IMAGE
     health_port: int = 8080  # /healthz (liveness)
     metrics_port: int = 8081  # /metrics (Prometheus); 0 turns it off

@@ -9,7 +9,6 @@ or deletes children, and writes the status.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,15 +16,13 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from kube_ddp import metrics, names
 from kube_ddp.api import DDPTrainingJob, JobStatus, describe_errors, load_job
 from kube_ddp.builders import BuildSettings, build_children, build_event
 from kube_ddp.config import OperatorConfig
-from kube_ddp.kube import Kube, connection_info, load_configuration
+from kube_ddp.kube import ApiError, Kube, load_credentials
 from kube_ddp.status import (
     Action,
     CreateWorkers,
@@ -118,7 +115,6 @@ class Operator:
 
     config: OperatorConfig
     kube: Kube
-    api: client.ApiClient
     queue: WorkQueue[Key] = field(init=False)
     jobs: JobCache = field(default_factory=JobCache)
     expectations: Expectations = field(init=False)
@@ -152,12 +148,12 @@ class Operator:
         try:
             for action in decision.actions:
                 await self._act(key, body, job, action)
-        except ApiException as error:
+        except ApiError as error:
             if job.spec.launcher == "mpi" and error.status == 404:
                 refusal = MPI_OPERATOR_MISSING
             elif error.status in REFUSED:
                 # The API server refuses what the spec builds (a field the schema leaves free).
-                refusal = _api_message(error)
+                refusal = error.message
             else:
                 raise
             await self._apply(key, body, status, reject(status, [refusal], now))
@@ -224,13 +220,6 @@ class Operator:
             self.queue.add(key, after=decision.requeue_after + 0.5)
 
 
-def _api_message(error: ApiException) -> str:
-    try:
-        return str(json.loads(error.body or "")["message"])
-    except (TypeError, ValueError, KeyError):
-        return f"{error.status} {error.reason}"
-
-
 def _operator(memo: Any) -> Operator:
     operator: Operator = memo.operator
     return operator
@@ -251,9 +240,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.posting.level = logging.WARNING
     settings.watching.label_selectors["pods"] = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
     settings.scanning.disabled = True
-    configuration = await load_configuration(config.kubeconfig)
-    api = client.ApiClient(configuration)
-    memo.operator = Operator(config=config, kube=Kube(api), api=api)
+    memo.operator = Operator(config=config, kube=Kube())
     metrics.serve(config.metrics_port, memo.operator.jobs.statuses)
 
 
@@ -261,13 +248,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 async def close(memo: kopf.Memo, **_: Any) -> None:
     operator = _operator(memo)
     await operator.queue.close()
-    await operator.api.close()
+    await operator.kube.close()
 
 
 @kopf.on.login()
-async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
-    config: OperatorConfig = memo.config
-    return connection_info(await load_configuration(config.kubeconfig))
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """The same credentials as our own calls (kopf would prefer a client library's)."""
+    return load_credentials()
 
 
 @kopf.index("pods", labels=OUR_PODS)

@@ -1,143 +1,153 @@
-"""The operator's few calls to the Kubernetes API (kubernetes_asyncio), each idempotent.
+"""The operator's few calls to the Kubernetes API, each idempotent, over aiohttp.
 
-Creating what exists, or deleting what is gone, is success: reconciles repeat freely.
+Creating what exists, or deleting what is gone, is success: reconciles repeat freely. The
+credentials are kopf's own (its service-account and kubeconfig readers), so kopf's watches
+and these calls authenticate alike, and no Kubernetes client library (and its thousand model
+classes, most of an operator's memory) is loaded.
 """
 
 from __future__ import annotations
 
-import logging
+import json
+import os
+from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import kopf
-from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from kube_ddp import names
 
-log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
-# Skip deserialising responses into model classes we never read: it is most of the cost.
-RAW = {"_preload_content": False}
+
+# Where each kind we create lives: (apiVersion, kind) -> plural.
+PLURALS: dict[tuple[str, str], str] = {
+    ("v1", "Pod"): "pods",
+    ("v1", "Service"): "services",
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "Event"): "events",
+    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    ("kubeflow.org/v2beta1", "MPIJob"): "mpijobs",
+    (names.API_VERSION, names.KIND): names.PLURAL,
+}
 
 
-async def load_configuration(kubeconfig: str | None) -> client.Configuration:
-    """In-cluster credentials, else the kubeconfig (explicit path, $KUBECONFIG, ~/.kube)."""
-    configuration = client.Configuration()
-    if kubeconfig is None:
-        try:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            return configuration
-        except config.ConfigException:
-            pass
-    await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    return configuration
+class ApiError(Exception):
+    """A non-2xx answer: its HTTP status and the API server's message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
 
 
-def connection_info(configuration: client.Configuration) -> kopf.ConnectionInfo:
-    """The same credentials for kopf's own watches."""
-    scheme, token = None, None
-    authorization = (configuration.api_key or {}).get("authorization") or (
-        configuration.api_key or {}
-    ).get("BearerToken")
-    if authorization:
-        scheme, _, token = str(authorization).partition(" ")
-    return kopf.ConnectionInfo(
-        server=str(configuration.host),
-        ca_path=configuration.ssl_ca_cert,
-        insecure=not configuration.verify_ssl,
-        certificate_path=configuration.cert_file,
-        private_key_path=configuration.key_file,
-        scheme=scheme,
-        token=token,
-    )
+def load_credentials() -> kopf.ConnectionInfo:
+    """$KUBECONFIG when set (--kubeconfig sets it), else the in-cluster service account, else
+    ~/.kube/config."""
+    settings = kopf.OperatorSettings()
+    readers = [kopf.login_with_service_account, kopf.login_with_kubeconfig]
+    if os.environ.get("KUBECONFIG"):
+        readers.reverse()
+    info = next((i for read in readers if (i := read(settings=settings)) is not None), None)
+    if info is None:
+        raise kopf.LoginError("no service account and no kubeconfig: pass --kubeconfig")
+    return info
 
 
-def _tolerate(error: ApiException, *statuses: int) -> None:
-    if error.status not in statuses:
-        raise error
+def collection_path(api_version: str, kind: str, namespace: str) -> str:
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{base}/namespaces/{namespace}/{PLURALS[api_version, kind]}"
 
 
-async def _finish(response: Any) -> None:
-    """Release a raw response, raising ApiException for an error status as the client would."""
-    try:
-        if not 200 <= response.status <= 299:
-            error = ApiException(status=response.status, reason=response.reason)
-            error.body = await response.read()
-            raise error
-    finally:
-        response.release()
+def job_path(namespace: str, name: str) -> str:
+    return f"{collection_path(names.API_VERSION, names.KIND, namespace)}/{name}"
 
 
 class Kube:
-    """Typed, idempotent verbs over one API client."""
+    """Idempotent verbs over one HTTP session."""
 
-    def __init__(self, api: client.ApiClient) -> None:
-        self.api = api
-        # Typed as Any: we send plain dicts and read raw responses, not the client's models.
-        self.core: Any = client.CoreV1Api(api)
-        self.rbac: Any = client.RbacAuthorizationV1Api(api)
-        self.custom: Any = client.CustomObjectsApi(api)
+    def __init__(self, credentials: Callable[[], kopf.ConnectionInfo] = load_credentials) -> None:
+        self._credentials = credentials
+        self._session: aiohttp.ClientSession | None = None
+        self._server = ""
+
+    def _open(self) -> aiohttp.ClientSession:
+        info = self._credentials()
+        self._server = info.server.rstrip("/")
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=64, ssl=info.as_ssl_context()),
+            headers={**info.as_http_headers(), "User-Agent": "kube-ddp"},
+            timeout=aiohttp.ClientTimeout(total=30),
+        )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def request(
+        self, method: str, path: str, body: Obj | None = None, content_type: str | None = None
+    ) -> Obj:
+        """One call; a 401 re-reads the credentials once (service-account tokens rotate)."""
+        for attempt in (1, 2):
+            session = self._session or self._open()
+            headers = {"Content-Type": content_type or "application/json"}
+            data = json.dumps(body) if body is not None else None
+            async with session.request(
+                method, self._server + path, data=data, headers=headers
+            ) as response:
+                text = await response.text()
+                if response.status == 401 and attempt == 1:
+                    await session.close()
+                    self._session = None
+                    continue
+                if not 200 <= response.status <= 299:
+                    raise ApiError(response.status, _message(text, response.reason))
+                return dict(json.loads(text)) if text else {}
+        raise AssertionError("unreachable")
 
     async def create(self, obj: Obj) -> bool:
         """Create `obj`; False if it already existed."""
-        namespace = obj["metadata"]["namespace"]
-        kind = obj["kind"]
-        creators = {
-            "Pod": self.core.create_namespaced_pod,
-            "Service": self.core.create_namespaced_service,
-            "ServiceAccount": self.core.create_namespaced_service_account,
-            "Role": self.rbac.create_namespaced_role,
-            "RoleBinding": self.rbac.create_namespaced_role_binding,
-            "Event": self.core.create_namespaced_event,
-        }
+        path = collection_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"])
         try:
-            if kind == "MPIJob":
-                group, version = obj["apiVersion"].split("/")
-                response = await self.custom.create_namespaced_custom_object(
-                    group, version, namespace, "mpijobs", obj, **RAW
-                )
-            else:
-                response = await creators[kind](namespace, obj, **RAW)
-            await _finish(response)
-            return True
-        except ApiException as error:
-            _tolerate(error, 409)
+            await self.request("POST", path, obj)
+        except ApiError as error:
+            if error.status != 409:
+                raise
             return False
+        return True
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         try:
-            response = await self.core.delete_namespaced_pod(name, namespace, **RAW)
-            await _finish(response)
-        except ApiException as error:
-            _tolerate(error, 404)
+            await self.request("DELETE", f"{collection_path('v1', 'Pod', namespace)}/{name}")
+        except ApiError as error:
+            if error.status != 404:
+                raise
 
     async def patch_job_status(self, namespace: str, name: str, status: Obj) -> Obj | None:
         """Merge-patch the job's status; the updated job, or None if the job is gone."""
+        path = job_path(namespace, name) + "/status"
         try:
-            result: Obj = await self.custom.patch_namespaced_custom_object_status(
-                names.GROUP,
-                names.VERSION,
-                namespace,
-                names.PLURAL,
-                name,
-                {"status": status},
-                _content_type=MERGE_PATCH,
-            )
-            return result
-        except ApiException as error:
-            _tolerate(error, 404)
+            return await self.request("PATCH", path, {"status": status}, MERGE_PATCH)
+        except ApiError as error:
+            if error.status != 404:
+                raise
             return None
 
     async def delete_job(self, namespace: str, name: str) -> None:
         try:
-            await self.custom.delete_namespaced_custom_object(
-                names.GROUP,
-                names.VERSION,
-                namespace,
-                names.PLURAL,
-                name,
-                propagation_policy="Background",
+            await self.request(
+                "DELETE", job_path(namespace, name), {"propagationPolicy": "Background"}
             )
-        except ApiException as error:
-            _tolerate(error, 404)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+
+
+def _message(text: str, reason: str | None) -> str:
+    try:
+        return str(json.loads(text)["message"])
+    except (ValueError, KeyError, TypeError):
+        return text.strip() or str(reason)
