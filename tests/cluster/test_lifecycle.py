@@ -4,7 +4,6 @@ reporting through the job's own ServiceAccount, metrics, and many jobs at once."
 from __future__ import annotations
 
 import contextlib
-import socket
 import urllib.request
 from collections import Counter
 from datetime import UTC, datetime
@@ -172,12 +171,6 @@ def test_trainer_reports_progress_with_the_jobs_own_account(
     assert jobs.wait_phase("mine", "Succeeded")["training"]["epoch"] == 3
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def scrape(port: int, path: str) -> tuple[int, str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
         return response.status, response.read().decode()
@@ -189,7 +182,8 @@ def metric(text: str, name: str) -> float:
 
 
 def test_metrics_and_liveness(cluster: Cluster, namespace: str, jobs: Jobs, tmp_path: Path) -> None:
-    metrics_port, health_port = free_port(), free_port()
+    dev_cluster = load_dev_cluster()
+    metrics_port, health_port = dev_cluster.free_port(), dev_cluster.free_port()
     args = (f"--metrics-port={metrics_port}", f"--health-port={health_port}")
     with running_operator(cluster, namespace, tmp_path, *args):
         jobs.create(job_manifest("watched", **CPU_2))
