@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ddp_trainer import contract
 from ddp_trainer.options import to_argv
 from kube_ddp import names
 from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, MPIOptions
 
 Obj = dict[str, Any]
 
-MPIJOB_API_VERSION = "kubeflow.org/v2beta1"
 SHM_VOLUME = "dshm"
 # Intel Gaudi needs host IPC, huge pages and SYS_NICE (Habana's own job examples).
 GAUDI_HUGEPAGES = "9500Mi"
@@ -68,36 +68,35 @@ def _runs_one_process_directly(spec: DDPTrainingJobSpec) -> bool:
 
 
 def contract_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[Obj]:
-    """The env contract of DESIGN.md; `index` is None for MPI workers (ranks come from mpirun)."""
+    """The env contract (docs/design.md); `index` is None for MPI workers (ranks come from
+    mpirun)."""
     spec = job.spec
-    values: list[tuple[str, str]] = []
+    values: dict[str, str] = {}
     if index is not None:
-        master = names.master_addr(job.name, job.namespace)
-        values += [("MASTER_ADDR", master), ("PET_MASTER_ADDR", master)]
-    values += [
-        ("MASTER_PORT", str(spec.port)),
-        ("PET_MASTER_PORT", str(spec.port)),
-        ("NNODES", _nnodes(spec)),
-        ("PET_NNODES", _nnodes(spec)),
-    ]
+        values[contract.MASTER_ADDR] = names.master_addr(job.name, job.namespace)
+    values[contract.MASTER_PORT] = str(spec.port)
+    values[contract.NNODES] = _nnodes(spec)
     if index is not None:
-        values += [("NODE_RANK", str(index)), ("PET_NODE_RANK", str(index))]
-    procs = str(spec.procs_per_node)
-    values += [
-        ("NPROC_PER_NODE", procs),
-        ("PET_NPROC_PER_NODE", procs),
-        ("LOCAL_WORLD_SIZE", procs),
-        ("WORLD_SIZE", str(spec.world_size)),
-    ]
+        values[contract.NODE_RANK] = str(index)
+    values[contract.NPROC_PER_NODE] = str(spec.procs_per_node)
+    values[contract.LOCAL_WORLD_SIZE] = str(spec.procs_per_node)
+    values[contract.WORLD_SIZE] = str(spec.world_size)
     if index is not None and _runs_one_process_directly(spec):
-        values += [("RANK", str(index)), ("LOCAL_RANK", "0")]
-    values += [
-        ("DDP_BACKEND", spec.effective_backend),
-        ("KUBEDDP_JOB_NAME", job.name),
-        ("KUBEDDP_JOB_NAMESPACE", job.namespace),
-        ("KUBEDDP_ATTEMPT", str(attempt)),
-    ]
-    return [{"name": name, "value": value} for name, value in values]
+        values |= {contract.RANK: str(index), contract.LOCAL_RANK: "0"}
+    values |= {
+        contract.DDP_BACKEND: spec.effective_backend,
+        contract.JOB_NAME: job.name,
+        contract.JOB_NAMESPACE: job.namespace,
+        contract.ATTEMPT: str(attempt),
+    }
+    result = []
+    for name, value in values.items():
+        result.append({"name": name, "value": value})
+        if (
+            name in contract.TORCHRUN_MIRRORED
+        ):  # torchrun reads each of its flags from PET_<FLAG> too
+            result.append({"name": contract.torchrun_name(name), "value": value})
+    return result
 
 
 def _launcher_defaults(job: DDPTrainingJob) -> dict[str, str]:
@@ -129,25 +128,25 @@ def trainer_args(job: DDPTrainingJob) -> list[str]:
 
 
 def torchrun_command(job: DDPTrainingJob) -> list[str]:
-    """The launcher in front of `-m ddp_trainer` (or plain python for one process per pod)."""
+    """torchrun in front of the trainer module (or plain python for one process per pod)."""
     spec = job.spec
     if _runs_one_process_directly(spec):
-        return ["python", "-m", "ddp_trainer"]
+        return list(contract.TRAINER_COMMAND)
     command = ["torchrun", f"--nnodes={_nnodes(spec)}", f"--nproc-per-node={spec.procs_per_node}"]
     if spec.elastic is not None:
         command += [
             "--rdzv-backend=c10d",
-            "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)",
+            f"--rdzv-endpoint=$({contract.MASTER_ADDR}):$({contract.MASTER_PORT})",
             f"--rdzv-id={job.name}",
             f"--max-restarts={spec.elastic.max_restarts}",
         ]
     else:
         command += [
-            "--node-rank=$(NODE_RANK)",
-            "--master-addr=$(MASTER_ADDR)",
-            "--master-port=$(MASTER_PORT)",
+            f"--node-rank=$({contract.NODE_RANK})",
+            f"--master-addr=$({contract.MASTER_ADDR})",
+            f"--master-port=$({contract.MASTER_PORT})",
         ]
-    return [*command, "-m", "ddp_trainer"]
+    return [*command, "-m", contract.TRAINER_MODULE]
 
 
 def container_resources(spec: DDPTrainingJobSpec) -> Obj:
@@ -170,6 +169,14 @@ def container_resources(spec: DDPTrainingJobSpec) -> Obj:
     return resources
 
 
+def image_fields(spec: DDPTrainingJobSpec, settings: BuildSettings) -> Obj:
+    """The container's image (the job's, else the operator's trainer image) and pull policy."""
+    fields: Obj = {"image": spec.image or settings.trainer_image}
+    if spec.image_pull_policy:
+        fields["imagePullPolicy"] = spec.image_pull_policy
+    return fields
+
+
 def _mounts_shm(spec: DDPTrainingJobSpec) -> bool:
     return any(m.get("mountPath") == "/dev/shm" for m in spec.template.volume_mounts)
 
@@ -187,15 +194,13 @@ def _container(
     spec = job.spec
     container: Obj = {
         "name": name,
-        "image": spec.image or settings.trainer_image,
+        **image_fields(spec, settings),
         "command": command,
         **({"args": args} if args else {}),
         "env": env,
         "resources": container_resources(spec),
         "ports": [{"name": "ddp", "containerPort": spec.port, "protocol": "TCP"}],
     }
-    if spec.image_pull_policy:
-        container["imagePullPolicy"] = spec.image_pull_policy
     mounts = list(spec.template.volume_mounts)
     if not _mounts_shm(spec):
         # DataLoader workers and NCCL/HCCL share tensors through /dev/shm; 64Mi is too small.
@@ -353,12 +358,7 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
     program = (
         spec.command + (spec.args or [])
         if spec.command
-        else [
-            "python",
-            "-m",
-            "ddp_trainer",
-            *trainer_args(job),
-        ]
+        else [*contract.TRAINER_COMMAND, *trainer_args(job)]
     )
     exported = [e["name"] for e in worker_env(job, None, 0)]
     mpirun = [
@@ -368,7 +368,7 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
         *("--bind-to", "core"),
         *("--map-by", map_by),
         *("--rank-by", "core"),
-        *(arg for name in ["MASTER_ADDR", *exported] for arg in ("-x", name)),
+        *(arg for name in [contract.MASTER_ADDR, *exported] for arg in ("-x", name)),
         *mpi.extra_args,
         *program,
     ]
@@ -392,12 +392,10 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
     worker = _container(job, name="worker", command=sshd, args=[], env=env, settings=settings)
     launcher = {
         "name": "launcher",
-        "image": spec.image or settings.trainer_image,
+        **image_fields(spec, settings),
         "command": mpirun_command(job),
         "env": env,
     }
-    if spec.image_pull_policy:
-        launcher["imagePullPolicy"] = spec.image_pull_policy
     run_policy: Obj = {
         "cleanPodPolicy": policy.clean_pod_policy,
         "backoffLimit": policy.backoff_limit,
@@ -408,8 +406,8 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
     if policy.ttl_seconds_after_finished is not None:
         run_policy["ttlSecondsAfterFinished"] = policy.ttl_seconds_after_finished
     return {
-        "apiVersion": MPIJOB_API_VERSION,
-        "kind": "MPIJob",
+        "apiVersion": names.MPIJOB_API_VERSION,
+        "kind": names.MPIJOB_KIND,
         "metadata": _metadata(job, job.name, labels),
         "spec": {
             "slotsPerWorker": spec.procs_per_node,

@@ -1,4 +1,4 @@
-"""The `kube-ddp` command line: crd, render (and the operator and local runs, as they land)."""
+"""The `kube-ddp` command line: `crd`, `render` and `operator`."""
 
 from __future__ import annotations
 
@@ -16,17 +16,26 @@ from pydantic import ValidationError
 from kube_ddp import names
 from kube_ddp.api import DDPTrainingJob, describe_errors, load_job
 from kube_ddp.builders import BuildSettings, build_children
+from kube_ddp.config import OperatorConfig
 from kube_ddp.crd import custom_resource_definition
 
 EXIT_USAGE = 2
+DEFAULTS = OperatorConfig()
 
 
 class InputError(Exception):
     """Bad input: printed as is, one problem a line, and the command exits 2."""
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """YAML a user can copy: an object used twice is written out twice, not as `&id001`."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def dump_yaml(objects: Sequence[Any]) -> str:
-    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
+    return yaml.dump_all(objects, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:
@@ -71,7 +80,7 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    settings = BuildSettings(trainer_image=args.image)
+    settings = BuildSettings(trainer_image=args.trainer_image)
     objects = [
         obj
         for job in read_jobs(args.file, args.namespace)
@@ -85,7 +94,6 @@ def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from kube_ddp import handlers  # noqa: F401  (registers the handlers with kopf)
-    from kube_ddp.config import OperatorConfig
 
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # where kopf's kubeconfig reader looks
@@ -106,13 +114,22 @@ def cmd_operator(args: argparse.Namespace) -> int:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
     kopf.run(
-        standalone=True,  # one operator at a time: the chart runs one replica, Recreate
+        standalone=True,  # no kopf peering (it needs a CRD of its own)
         clusterwide=config.clusterwide,
         namespaces=config.namespaces,
         liveness_endpoint=liveness,
         memo=kopf.Memo(config=config),
     )
     return 0
+
+
+def _add_trainer_image(parser: argparse.ArgumentParser) -> None:
+    """One setting with one name in every command that builds workers."""
+    parser.add_argument(
+        "--trainer-image",
+        default=DEFAULTS.trainer_image,
+        help="the image of jobs that name none (default: %(default)s)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,11 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render.add_argument("file", help="a DDPTrainingJob YAML file, or - for stdin")
     render.add_argument("-n", "--namespace", help="namespace (default: the file's, or default)")
-    render.add_argument(
-        "--image",
-        default=names.DEFAULT_TRAINER_IMAGE,
-        help="the operator's default trainer image (default: %(default)s)",
-    )
+    _add_trainer_image(render)
     render.add_argument(
         "--attempt", type=int, default=0, help="the group restart count to render (default 0)"
     )
@@ -148,19 +161,26 @@ def build_parser() -> argparse.ArgumentParser:
         "-A", "--all-namespaces", action="store_true", help="watch every namespace (default)"
     )
     operator.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~)")
+    _add_trainer_image(operator)
     operator.add_argument(
-        "--trainer-image",
-        default=names.DEFAULT_TRAINER_IMAGE,
-        help="image of jobs that name none (default: %(default)s)",
+        "--health-port",
+        type=int,
+        default=DEFAULTS.health_port,
+        help="/healthz port, 0 for none (%(default)s)",
     )
     operator.add_argument(
-        "--health-port", type=int, default=8080, help="/healthz port, 0 for none (8080)"
-    )
-    operator.add_argument(
-        "--metrics-port", type=int, default=8081, help="/metrics port, 0 for none (8081)"
+        "--metrics-port",
+        type=int,
+        default=DEFAULTS.metrics_port,
+        help="/metrics port, 0 for none (%(default)s)",
     )
     operator.add_argument("--json-logs", action="store_true", help="log JSON lines")
-    operator.add_argument("--workers", type=int, default=8, help="jobs reconciled concurrently (8)")
+    operator.add_argument(
+        "--workers",
+        type=int,
+        default=DEFAULTS.workers,
+        help="jobs reconciled concurrently (%(default)s)",
+    )
     operator.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     operator.set_defaults(run=cmd_operator)
     return parser

@@ -1,4 +1,4 @@
-"""The operator's settings, in one place: from the command line, passed to handlers via memo."""
+"""The operator's settings, in one place: from the command line to the controller (kopf's memo)."""
 
 from __future__ import annotations
 

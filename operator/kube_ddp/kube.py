@@ -8,6 +8,7 @@ classes, most of an operator's memory) is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -29,18 +30,61 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Event"): "events",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
-    ("kubeflow.org/v2beta1", "MPIJob"): "mpijobs",
+    (names.MPIJOB_API_VERSION, names.MPIJOB_KIND): names.MPIJOB_PLURAL,
     (names.API_VERSION, names.KIND): names.PLURAL,
 }
 
 
 class ApiError(Exception):
-    """A non-2xx answer: its HTTP status and the API server's message."""
+    """A non-2xx answer: its HTTP status and the API server's message. `api_error` picks the
+    subclass, so callers catch what they mean (NotFoundError, ConflictError) rather than numbers."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
+
+
+class RefusedError(ApiError):
+    """The API server's verdict on the object itself: sending it again cannot help."""
+
+
+class BadRequestError(RefusedError):
+    """400."""
+
+
+class UnprocessableError(RefusedError):
+    """422: the object breaks the schema or a validation rule."""
+
+
+class UnauthorizedError(ApiError):
+    """401: the credentials are not (or no longer) accepted."""
+
+
+class ForbiddenError(ApiError):
+    """403: RBAC does not allow it."""
+
+
+class NotFoundError(ApiError):
+    """404: the object, or its kind, does not exist."""
+
+
+class ConflictError(ApiError):
+    """409: it exists already, or the resourceVersion is stale."""
+
+
+_ERRORS_BY_STATUS: dict[int, type[ApiError]] = {
+    400: BadRequestError,
+    401: UnauthorizedError,
+    403: ForbiddenError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: UnprocessableError,
+}
+
+
+def api_error(status: int, message: str) -> ApiError:
+    return _ERRORS_BY_STATUS.get(status, ApiError)(status, message)
 
 
 def load_credentials() -> kopf.ConnectionInfo:
@@ -99,51 +143,42 @@ class Kube:
                 method, self._server + path, data=data, headers=headers
             ) as response:
                 text = await response.text()
-                if response.status == 401 and attempt == 1:
-                    await session.close()
-                    self._session = None
-                    continue
                 if not 200 <= response.status <= 299:
-                    raise ApiError(response.status, _message(text, response.reason))
+                    error = api_error(response.status, _message(text, response.reason))
+                    if isinstance(error, UnauthorizedError) and attempt == 1:
+                        await session.close()
+                        self._session = None
+                        continue
+                    raise error
                 return dict(json.loads(text)) if text else {}
-        raise AssertionError("unreachable")
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def create(self, obj: Obj) -> bool:
         """Create `obj`; False if it already existed."""
         path = collection_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"])
         try:
             await self.request("POST", path, obj)
-        except ApiError as error:
-            if error.status != 409:
-                raise
+        except ConflictError:
             return False
         return True
 
     async def delete_pod(self, namespace: str, name: str) -> None:
-        try:
+        with contextlib.suppress(NotFoundError):
             await self.request("DELETE", f"{collection_path('v1', 'Pod', namespace)}/{name}")
-        except ApiError as error:
-            if error.status != 404:
-                raise
 
     async def patch_job_status(self, namespace: str, name: str, status: Obj) -> Obj | None:
         """Merge-patch the job's status; the updated job, or None if the job is gone."""
         path = job_path(namespace, name) + "/status"
         try:
             return await self.request("PATCH", path, {"status": status}, MERGE_PATCH)
-        except ApiError as error:
-            if error.status != 404:
-                raise
+        except NotFoundError:
             return None
 
     async def delete_job(self, namespace: str, name: str) -> None:
-        try:
+        with contextlib.suppress(NotFoundError):
             await self.request(
                 "DELETE", job_path(namespace, name), {"propagationPolicy": "Background"}
             )
-        except ApiError as error:
-            if error.status != 404:
-                raise
 
 
 def _message(text: str, reason: str | None) -> str:

@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 from kube_ddp.api import JobStatus
 
 RECONCILE_ERRORS = Counter(
-    "kubeddp_reconcile_errors", "Reconciles that failed (they are retried on the next event)"
+    "kubeddp_reconcile_errors", "Reconciles that failed (each is retried with a growing delay)"
 )
 GROUP_RESTARTS = Counter("kubeddp_group_restarts", "Group restarts of DDPTrainingJobs")
 TIME_TO_RUNNING = Histogram(

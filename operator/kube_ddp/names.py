@@ -1,14 +1,21 @@
-"""Fixed names of the API and of the objects the operator creates (see DESIGN.md)."""
+"""Fixed names of the API and of the objects the operator creates (docs/design.md, "Names").
+
+The API coordinates and the env contract are shared with the trainer, which must not import
+the operator: they live in `ddp_trainer.contract` and are re-exported here under the
+operator's names.
+"""
 
 from typing import Final
 
-GROUP: Final = "kubeddp.io"
-VERSION: Final = "v1alpha1"
+from ddp_trainer import contract
+
+GROUP: Final = contract.API_GROUP
+VERSION: Final = contract.API_VERSION
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND: Final = "DDPTrainingJob"
-PLURAL: Final = "ddptrainingjobs"
+PLURAL: Final = contract.API_PLURAL
 SINGULAR: Final = "ddptrainingjob"
-# `ddpjobs` too: kubectl does not pluralise short names, and DESIGN.md says `kubectl get ddpjobs`.
+# `ddpjobs` too: kubectl does not pluralise short names, and users type `kubectl get ddpjobs`.
 SHORT_NAMES: Final = ("ddpjob", "ddpj", "ddpjobs")
 CATEGORY: Final = "kubeddp"
 
@@ -22,27 +29,13 @@ OWNED_LABELS: Final = (LABEL_MANAGED_BY, LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LA
 DEFAULT_TRAINER_IMAGE: Final = "ghcr.io/kube-ddp/ddp-trainer:0.1.0"
 TRAINER_CONTAINER: Final = "trainer"
 
+# The Kubeflow MPI Operator's job kind, which `launcher: mpi` creates.
+MPIJOB_API_VERSION: Final = "kubeflow.org/v2beta1"
+MPIJOB_KIND: Final = "MPIJob"
+MPIJOB_PLURAL: Final = "mpijobs"
+
 # The env contract: set by the operator on every worker, refused in a spec's own env.
-RESERVED_ENV: Final = (
-    "MASTER_ADDR",
-    "PET_MASTER_ADDR",
-    "MASTER_PORT",
-    "PET_MASTER_PORT",
-    "NNODES",
-    "PET_NNODES",
-    "NODE_RANK",
-    "PET_NODE_RANK",
-    "NPROC_PER_NODE",
-    "PET_NPROC_PER_NODE",
-    "LOCAL_WORLD_SIZE",
-    "WORLD_SIZE",
-    "RANK",
-    "LOCAL_RANK",
-    "DDP_BACKEND",
-    "KUBEDDP_JOB_NAME",
-    "KUBEDDP_JOB_NAMESPACE",
-    "KUBEDDP_ATTEMPT",
-)
+RESERVED_ENV: Final = contract.RESERVED_ENV
 
 
 def worker_name(job: str, index: int) -> str:

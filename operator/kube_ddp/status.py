@@ -1,8 +1,9 @@
 """The pure decision core: a job and its observed pods in, the new status and next actions out.
 
-Every failure rule of DESIGN.md lives here, so it can be tested as a table without kopf or a
-cluster. `decide` is called on every change of a job or of one of its pods; it must give the
-same answer when called again with the same inputs (the shell may repeat it at any time).
+Every failure rule of docs/design.md ("Status contract") lives here, so it can be tested as a
+table without kopf or a cluster. `decide` is called on every change of a job or of one of its
+pods; it must give the same answer when called again with the same inputs (the shell may
+repeat it at any time).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kube_ddp.api import (
     Phase,
     WorkerCounts,
 )
+from kube_ddp.reasons import PodReason, Reason
 
 FINISHED: tuple[Phase, ...] = ("Succeeded", "Failed")
 # Phases in which the pods of the current attempt have not all been created yet.
@@ -30,8 +32,8 @@ NOT_CREATED: tuple[Phase | None, ...] = (None, "Restarting", "Suspended")
 LOST_REASONS = frozenset(
     {
         "Evicted",
-        "Deleted",
-        "NodeLost",
+        PodReason.DELETED,
+        PodReason.NODE_LOST,
         "Preempted",
         "UnexpectedAdmissionError",
         # the reasons of a pod's DisruptionTarget condition
@@ -270,7 +272,7 @@ def decide(
         deadline = job.spec.run_policy.active_deadline_seconds
         message = f"The job ran longer than activeDeadlineSeconds ({deadline}s)"
         _delete(draft, [p for p in observed if p.active])
-        _finish(draft, job, ours, "Failed", "DeadlineExceeded", message)
+        _finish(draft, job, ours, "Failed", Reason.DEADLINE_EXCEEDED, message)
     elif stale:
         _delete(draft, stale)
     elif status.phase in NOT_CREATED:
@@ -278,7 +280,7 @@ def decide(
             missing = [i for i in range(job.spec.nodes) if i not in current]
             _create(draft, job, attempt, missing)
     elif (worker0 := current.get(0)) is not None and worker0.phase == "Succeeded":
-        _finish(draft, job, ours, "Succeeded", "WorkerSucceeded", f"{worker0.name} completed")
+        _finish(draft, job, ours, "Succeeded", Reason.WORKER_SUCCEEDED, f"{worker0.name} completed")
     elif failures := _failures(job, current):
         _fail_or_restart(draft, job, failures, observed)
     else:
@@ -292,8 +294,8 @@ def reject(status: JobStatus, problems: list[str], now: datetime) -> Decision:
     if status.phase != "Failed":
         message = "Invalid spec: " + "; ".join(problems)
         draft.update(completion_time=now)
-        draft.condition("Failed", "True", "InvalidSpec", message)
-        draft.phase("Failed", "InvalidSpec", message, warning=True)
+        draft.condition("Failed", "True", Reason.INVALID_SPEC, message)
+        draft.phase("Failed", Reason.INVALID_SPEC, message, warning=True)
     return draft.decision()
 
 
@@ -303,8 +305,8 @@ def _delegate_to_mpi_operator(draft: _Draft) -> None:
         message = "Created the MPIJob; the MPI Operator runs its launcher and workers"
         draft.actions.append(CreateWorkers(attempt=0, indices=()))
         draft.update(start_time=draft.now)
-        draft.condition("Created", "True", "MPIJobCreated", message)
-        draft.phase("Pending", "MPIJobCreated", message)
+        draft.condition("Created", "True", Reason.MPIJOB_CREATED, message)
+        draft.phase("Pending", Reason.MPIJOB_CREATED, message)
 
 
 def _delete(draft: _Draft, pods: Iterable[PodView]) -> None:
@@ -342,10 +344,10 @@ def _create(draft: _Draft, job: DDPTrainingJob, attempt: int, indices: list[int]
         draft.update(start_time=draft.now)
     resumed = draft.status.phase == "Suspended"
     if resumed:
-        draft.condition("Suspended", "False", "Resumed", "The job was resumed")
+        draft.condition("Suspended", "False", Reason.RESUMED, "The job was resumed")
     message = f"Created {job.spec.nodes} worker pods (attempt {attempt})"
-    draft.condition("Created", "True", "WorkersCreated", message)
-    draft.phase("Pending", "Resumed" if resumed else "WorkersCreated", message)
+    draft.condition("Created", "True", Reason.WORKERS_CREATED, message)
+    draft.phase("Pending", Reason.RESUMED if resumed else Reason.WORKERS_CREATED, message)
 
 
 def _progress(draft: _Draft, job: DDPTrainingJob, current: Mapping[int, PodView]) -> None:
@@ -355,23 +357,27 @@ def _progress(draft: _Draft, job: DDPTrainingJob, current: Mapping[int, PodView]
     if stuck:
         message = f"{stuck[0].name}: {stuck[0].unschedulable}"
         if condition_status(draft.status, "Schedulable") != "False":
-            draft.events.append(Event("Warning", "Unschedulable", message))
-        draft.condition("Schedulable", "False", "Unschedulable", message)
+            draft.events.append(Event("Warning", Reason.UNSCHEDULABLE, message))
+        draft.condition("Schedulable", "False", Reason.UNSCHEDULABLE, message)
     elif all(p.scheduled for p in workers):
-        draft.condition("Schedulable", "True", "Scheduled", "All worker pods are scheduled")
+        draft.condition("Schedulable", "True", Reason.SCHEDULED, "All worker pods are scheduled")
 
     running = sum(p.phase in ("Running", "Succeeded") for p in workers)
     if running == job.spec.nodes:
         message = f"All {job.spec.nodes} workers are running"
-        draft.condition("Running", "True", "WorkersRunning", message)
+        draft.condition("Running", "True", Reason.WORKERS_RUNNING, message)
         if condition_status(draft.status, "Restarting") == "True":
-            draft.condition("Restarting", "False", "WorkersRunning", message)
-        draft.phase("Running", "WorkersRunning", message)
+            draft.condition("Restarting", "False", Reason.WORKERS_RUNNING, message)
+        draft.phase("Running", Reason.WORKERS_RUNNING, message)
     elif all(p.scheduled for p in workers):
-        draft.phase("Starting", "WorkersStarting", f"{running}/{job.spec.nodes} workers running")
+        draft.phase(
+            "Starting", Reason.WORKERS_STARTING, f"{running}/{job.spec.nodes} workers running"
+        )
     else:
         placed = sum(p.scheduled for p in workers)
-        draft.phase("Pending", "WorkersPending", f"{placed}/{job.spec.nodes} workers scheduled")
+        draft.phase(
+            "Pending", Reason.WORKERS_PENDING, f"{placed}/{job.spec.nodes} workers scheduled"
+        )
 
 
 @dataclass(frozen=True)
@@ -397,11 +403,11 @@ def _failures(job: DDPTrainingJob, current: Mapping[int, PodView]) -> list[_Work
         if pod is None:
             name = names.worker_name(job.name, index)
             failures.append(
-                _WorkerFailure(name, index, None, "Deleted", "the pod was deleted", "~")
+                _WorkerFailure(name, index, None, PodReason.DELETED, "the pod was deleted", "~")
             )
         elif pod.phase in ("Failed", "Unknown") or (pod.deleting and pod.phase != "Succeeded"):
-            reason = pod.reason or ("NodeLost" if pod.phase == "Unknown" else None)
-            reason = reason or ("Deleted" if pod.deleting else "Error")
+            reason = pod.reason or (PodReason.NODE_LOST if pod.phase == "Unknown" else None)
+            reason = reason or (PodReason.DELETED if pod.deleting else PodReason.ERROR)
             failures.append(
                 _WorkerFailure(
                     pod.name,
@@ -416,7 +422,7 @@ def _failures(job: DDPTrainingJob, current: Mapping[int, PodView]) -> list[_Work
 
 
 def is_retryable(job: DDPTrainingJob, failure: _WorkerFailure) -> bool:
-    """DESIGN.md's failure rules: which failures restart the group."""
+    """Which failures restart the group (docs/design.md, "Failure rules")."""
     policy = job.spec.run_policy
     if policy.restart_policy == "Never":
         return False
@@ -448,19 +454,19 @@ def _fail_or_restart(
             f"(restart {restarts} of at most {policy.backoff_limit})"
         )
         draft.update(restarts=restarts)
-        draft.condition("Restarting", "True", "WorkerFailed", message)
-        draft.condition("Running", "False", "WorkerFailed", message)
-        draft.phase("Restarting", "WorkerFailed", message, warning=True)
+        draft.condition("Restarting", "True", Reason.WORKER_FAILED, message)
+        draft.condition("Running", "False", Reason.WORKER_FAILED, message)
+        draft.phase("Restarting", Reason.WORKER_FAILED, message, warning=True)
         _delete(draft, pods)
         return
     if retryable:
-        reason = "BackoffLimitExceeded"
+        reason = Reason.BACKOFF_LIMIT_EXCEEDED
         message = f"{first.describe()}; backoffLimit {policy.backoff_limit} reached"
     elif policy.restart_policy == "Never":
-        reason = "WorkerFailed"
+        reason = Reason.WORKER_FAILED
         message = f"{first.describe()}; restartPolicy is Never"
     else:
-        reason = "NonRetryableExitCode"
+        reason = Reason.NON_RETRYABLE_EXIT_CODE
         message = (
             f"{first.describe()}; exit code {first.exit_code} is not retryable (codes >= 128 "
             "and runPolicy.retryableExitCodes are)"
@@ -507,10 +513,10 @@ def _suspend(draft: _Draft, pods: list[PodView]) -> None:
     """Suspended: no pods, the job kept; resuming recreates them without counting a restart."""
     _delete(draft, pods)
     message = "The job is suspended (runPolicy.suspend): its pods are removed"
-    draft.condition("Suspended", "True", "Suspended", message)
+    draft.condition("Suspended", "True", Reason.SUSPENDED, message)
     if condition_status(draft.status, "Running") == "True":
-        draft.condition("Running", "False", "Suspended", message)
-    draft.phase("Suspended", "Suspended", message)
+        draft.condition("Running", "False", Reason.SUSPENDED, message)
+    draft.phase("Suspended", Reason.SUSPENDED, message)
 
 
 def _deadline_passed(draft: _Draft, job: DDPTrainingJob) -> bool:

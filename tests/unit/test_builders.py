@@ -417,3 +417,30 @@ def test_users_env_overrides_a_launcher_default() -> None:
     spec = {**ELASTIC, "env": [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "0"}]}
     env = container_of(worker(spec))["env"]
     assert [e["value"] for e in env if e["name"] == "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == ["0"]
+
+
+def test_reserved_env_is_exactly_what_the_builders_set() -> None:
+    """The refused names and the injected ones come from one set of constants: every shape of
+    job together sets each reserved name, and nothing else of the contract."""
+    shapes = [
+        make_job(**GPU_2X8),  # torchrun, several processes per pod
+        make_job(nodes=2),  # one process per pod: RANK and LOCAL_RANK too
+        make_job(nodes=2, elastic={"minNodes": 1, "maxNodes": 3}),
+        make_job(nodes=2, launcher="mpi"),
+    ]
+    injected: set[str] = set()
+    for job in shapes:
+        for child in build_children(job):
+            for container in _containers(child):
+                injected |= {e["name"] for e in container["env"]}
+    injected.discard("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")  # a default the user may override
+    assert injected == set(names.RESERVED_ENV)
+
+
+def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    if obj["kind"] == "Pod":
+        return list(obj["spec"]["containers"])
+    if obj["kind"] == "MPIJob":
+        replicas = obj["spec"]["mpiReplicaSpecs"].values()
+        return [c for r in replicas for c in r["template"]["spec"]["containers"]]
+    return []

@@ -149,3 +149,25 @@ def test_console_script_reads_stdin_and_never_shows_a_traceback() -> None:
     assert good.returncode == 0
     assert "bar-worker-1.bar" not in good.stdout  # MASTER_ADDR is always worker 0
     assert "bar-worker-0.bar.x.svc" in good.stdout
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
+def test_render_writes_no_yaml_aliases(capsys: pytest.CaptureFixture[str], example: Path) -> None:
+    """Users copy what render prints: `&id001` / `*id001` would make them chase references."""
+    assert main(["render", str(example)]) == 0
+    out = capsys.readouterr().out
+    events = list(yaml.parse(out))
+    assert not [e for e in events if isinstance(e, yaml.AliasEvent)]
+    assert not [e for e in events if getattr(e, "anchor", None)]
+
+
+def test_render_and_operator_name_the_trainer_image_alike(
+    capsys: pytest.CaptureFixture[str], write_job
+) -> None:
+    code, objects, _ = render(capsys, write_job(BAR), "--trainer-image", "registry.local/t:1")
+    assert code == 0
+    pods = [o for o in objects if o["kind"] == "Pod"]
+    assert {p["spec"]["containers"][0]["image"] for p in pods} == {"registry.local/t:1"}
+    with pytest.raises(SystemExit):
+        main(["operator", "--trainer-image", "x", "--help"])
+    assert "--trainer-image" in capsys.readouterr().out

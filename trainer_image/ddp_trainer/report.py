@@ -31,9 +31,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ddp_trainer import contract
+
 log = logging.getLogger(__name__)
 
-GROUP, VERSION, PLURAL = "kubeddp.io", "v1alpha1", "ddptrainingjobs"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 FIRST_BACKOFF_S = 5.0
 MAX_BACKOFF_S = 300.0
@@ -71,8 +72,8 @@ def _finite(value: float, digits: int) -> float | None:
 def status_url(api_server: str, namespace: str, name: str) -> str:
     quoted = urllib.parse.quote
     return (
-        f"{api_server.rstrip('/')}/apis/{GROUP}/{VERSION}/namespaces/{quoted(namespace)}"
-        f"/{PLURAL}/{quoted(name)}/status"
+        f"{api_server.rstrip('/')}/apis/{contract.API_GROUP}/{contract.API_VERSION}/namespaces/{quoted(namespace)}"
+        f"/{contract.API_PLURAL}/{quoted(name)}/status"
     )
 
 
@@ -98,7 +99,7 @@ class StatusReporter:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> StatusReporter | None:
         """A reporter when run by the operator with a service-account token, else None."""
-        name, namespace = env.get("KUBEDDP_JOB_NAME"), env.get("KUBEDDP_JOB_NAMESPACE")
+        name, namespace = env.get(contract.JOB_NAME), env.get(contract.JOB_NAMESPACE)
         if not (name and namespace):
             return None
         api_server = env.get("KUBEDDP_API_SERVER") or _in_cluster_api_server(env)

@@ -1,7 +1,7 @@
-"""The training recipe, top to bottom: set up, resume, then per epoch train, evaluate, decide,
-checkpoint, report. Each step hands its one job to a small module: launch (where this process
-sits, device, process group), datasets and batches (data), models, checkpoint, report (status
-of the DDPTrainingJob), progress (what rank 0 prints).
+"""The training recipe: construct -> setup -> train -> cleanup (`Recipe`, and `run` which
+drives it). Each step hands its one job to a small module: distributed (where this process
+sits, its device, the process group), datasets and batches (data), models, checkpoint, report
+(status of the DDPTrainingJob), progress (what rank 0 prints).
 
 Host and device meet once per epoch: losses and accuracy are summed on the device and read by
 a single all-reduce at the end of the epoch. Every decision (early stop, checkpoint) is taken
@@ -18,7 +18,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -29,8 +29,15 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import checkpoint, launch
-from ddp_trainer.batches import Normalizer, augment, eval_shard, make_batches, train_shard
+from ddp_trainer import checkpoint, distributed
+from ddp_trainer.batches import (
+    Batches,
+    Normalizer,
+    augment,
+    eval_shard,
+    make_batches,
+    train_shard,
+)
 from ddp_trainer.datasets import Splits, download_dataset, load_dataset
 from ddp_trainer.errors import TrainerError
 from ddp_trainer.fault_injection import crash_once_if_asked
@@ -51,34 +58,13 @@ warnings.filterwarnings("ignore", message="Grad strides do not match bucket view
 
 
 def run(options: TrainerOptions) -> Summary:
-    """Train as one rank of whatever launched this process; the process group lives here."""
-    world = launch.discover_world(os.environ)
-    launch.export_world(world, os.environ)
-    logging.basicConfig(
-        level=logging.INFO, format=f"ddp_trainer[rank {world.rank}]: %(message)s", force=True
-    )
-    device = launch.pick_device(options.device, world.local_rank)
-    launch.set_cpu_threads(world, os.environ)
-    backend = launch.backend_for(device, os.environ) if world.distributed else "none"
-    log.info(
-        "rank=%d world_size=%d local_rank=%d local_world_size=%d node_rank=%d launcher=%s "
-        "backend=%s device=%s",
-        world.rank,
-        world.world_size,
-        world.local_rank,
-        world.local_world_size,
-        world.node_rank,
-        world.launcher,
-        backend,
-        device,
-    )
-    if world.distributed:
-        launch.init_process_group(world, device, backend, options.timeout_seconds, os.environ)
+    """Train as one rank of whatever launched this process."""
+    recipe = Recipe(options)
     try:
-        return Recipe(options, world, device).train()
+        recipe.setup()
+        return recipe.train()
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        recipe.cleanup()
 
 
 @dataclasses.dataclass
@@ -93,18 +79,88 @@ class Progress:
 
 
 class Recipe:
-    def __init__(self, options: TrainerOptions, world: launch.World, device: torch.device):
+    """One rank's training run, in four steps: construct, `setup`, `train`, `cleanup`.
+
+    - construct: where this process sits (torchrun, Open MPI, PMI, Slurm, a host file or none),
+      its logging, its device (one per local rank) and CPU threads; nothing heavy.
+    - setup: the process group (a restart-safe store under torchrun), seeds, cudnn.benchmark and
+      TF32 on CUDA, the data (optional download by each node's local rank 0, device-resident
+      sharded batches, normalisation), the model (channels_last for convolutions),
+      precision (auto: bf16 or fp16 with loss scaling on accelerators, fp32 on CPU), the
+      optimizer (linear LR scaling, fused kernels on CUDA), resume from the newest valid
+      checkpoint (before DDP, which then broadcasts rank 0's weights), DDP (gradients as bucket
+      views, BatchNorm statistics once per epoch, optional fp16/bf16 gradient compression),
+      torch.compile on request, and rank 0's status reporter.
+    - train: per epoch, train (warm-up then constant or cosine LR, optional augmentation),
+      evaluate, one all-reduce of the epoch's sums, early stop after --patience epochs at
+      --target-accuracy, checkpoint every --checkpoint-every epochs and at the end, print and
+      report progress (rank 0); then the summary (and --summary-file).
+    - cleanup: the process group is destroyed, whatever happened before.
+    """
+
+    # Set when constructed.
+    options: TrainerOptions
+    world: distributed.World
+    device: torch.device
+    backend: str  # "none" when not distributed
+    progress: Progress
+    resumed_from: int | None  # the epoch a checkpoint restored
+    epoch_timings: list[tuple[float, float]]  # (images, seconds) per epoch run
+    # Set by setup().
+    train_size: int
+    val_size: int
+    train_batches: Batches
+    val_batches: Batches
+    flip_images: bool
+    augment_images: bool
+    model: nn.Module  # the bare model: what checkpoints hold
+    step_model: nn.Module  # what the steps call: inside DDP when distributed, maybe compiled
+    channels_last: bool
+    precision: str  # fp32, bf16 or fp16
+    optimizer: torch.optim.Optimizer
+    base_lrs: list[float]
+    scaler: torch.amp.GradScaler | None  # fp16 only
+    mark_step: Callable[[], None]  # Gaudi's lazy-mode step boundary; a no-op elsewhere
+    steps_per_epoch: int
+    reporter: StatusReporter | None
+    bar: ProgressBar
+
+    def __init__(self, options: TrainerOptions) -> None:
         self.options = options
-        self.world = world
-        self.device = device
+        self.world = world = distributed.discover_world(os.environ)
+        distributed.export_world(world, os.environ)
+        logging.basicConfig(
+            level=logging.INFO, format=f"ddp_trainer[rank {world.rank}]: %(message)s", force=True
+        )
+        self.device = distributed.pick_device(options.device, world.local_rank)
+        distributed.set_cpu_threads(world, os.environ)
+        self.backend = (
+            distributed.backend_for(self.device, os.environ) if world.distributed else "none"
+        )
         self.progress = Progress()
-        self.resumed_from: int | None = None
-        self.epoch_timings: list[tuple[float, float]] = []  # (images, seconds) per epoch run
+        self.resumed_from = None
+        self.epoch_timings = []
+        log.info(
+            "rank=%d world_size=%d local_rank=%d local_world_size=%d node_rank=%d launcher=%s "
+            "backend=%s device=%s",
+            world.rank,
+            world.world_size,
+            world.local_rank,
+            world.local_world_size,
+            world.node_rank,
+            world.launcher,
+            self.backend,
+            self.device,
+        )
 
     # --- setup ----------------------------------------------------------------------------
 
     def setup(self) -> None:
         options, device = self.options, self.device
+        if self.world.distributed:
+            distributed.init_process_group(
+                self.world, device, self.backend, options.timeout_seconds, os.environ
+            )
         torch.manual_seed(options.seed)
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True
@@ -145,14 +201,13 @@ class Recipe:
 
         self._resume()  # before DDP wraps the model: DDP then broadcasts rank 0's weights
 
-        # What the steps call: the model, inside DDP when distributed, compiled on request.
-        self.step_model: nn.Module = self.model
+        self.step_model = self.model
         if self.world.distributed:
             self.step_model = wrap_ddp(self.model, options, device)
         if options.compile:
             backend = "hpu_backend" if device.type == "hpu" else "inductor"
             self.step_model = cast(nn.Module, torch.compile(self.step_model, backend=backend))
-        self.mark_step = launch.lazy_mode_step_marker(device)
+        self.mark_step = distributed.lazy_mode_step_marker(device)
 
         shard = math.ceil(self.train_size / self.world.world_size)
         self.steps_per_epoch = math.ceil(shard / options.batch_size)
@@ -221,7 +276,7 @@ class Recipe:
     # --- the loop -------------------------------------------------------------------------
 
     def train(self) -> Summary:
-        self.setup()
+        """The epochs, then the summary."""
         options = self.options
         while self.progress.epoch < options.epochs and not self.progress.stopped_early:
             epoch = self.progress.epoch + 1
@@ -244,7 +299,7 @@ class Recipe:
             self.train_size, self.world.rank, self.world.world_size, epoch, self.options.seed
         )
         train_loss_sum, images = self.train_epoch(epoch, self.train_batches(shard))
-        launch.synchronize(self.device)
+        distributed.synchronize(self.device)
         train_seconds = time.perf_counter() - started
 
         self.sync_buffers()
@@ -408,6 +463,10 @@ class Recipe:
                 summary.images_per_sec,
             )
         return summary
+
+    def cleanup(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
     # --- small helpers ----------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddp_trainer import contract
 from ddp_trainer.errors import TrainerError
 
 DEFAULT_MASTER_PORT = 29500
@@ -66,7 +67,14 @@ class _Launcher:
 
 # Probed in this order: torch's own names win, so `-x RANK` under mpirun is honoured.
 _LAUNCHERS = (
-    _Launcher("env", "RANK", "RANK", "WORLD_SIZE", ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",)),
+    _Launcher(
+        "env",
+        contract.RANK,
+        contract.RANK,
+        contract.WORLD_SIZE,
+        (contract.LOCAL_RANK,),
+        (contract.LOCAL_WORLD_SIZE,),
+    ),
     _Launcher(
         "openmpi",
         "OMPI_COMM_WORLD_RANK",
@@ -142,20 +150,25 @@ def discover_world(env: Mapping[str, str]) -> World:
         world_size=world_size,
         local_rank=local_rank,
         local_world_size=local_world_size,
-        master_addr=env.get("MASTER_ADDR") or _master_from_hosts(env, world_size, local_world_size),
-        master_port=_int(env, "MASTER_PORT") if env.get("MASTER_PORT") else DEFAULT_MASTER_PORT,
+        master_addr=env.get(contract.MASTER_ADDR)
+        or _master_from_hosts(env, world_size, local_world_size),
+        master_port=_int(env, contract.MASTER_PORT)
+        if env.get(contract.MASTER_PORT)
+        else DEFAULT_MASTER_PORT,
     )
 
 
 def export_world(world: World, env: MutableMapping[str, str]) -> None:
     """Write the torch.distributed names (read by env:// and by vendor plugins such as HCCL)."""
     env.update(
-        RANK=str(world.rank),
-        WORLD_SIZE=str(world.world_size),
-        LOCAL_RANK=str(world.local_rank),
-        LOCAL_WORLD_SIZE=str(world.local_world_size),
-        MASTER_ADDR=world.master_addr,
-        MASTER_PORT=str(world.master_port),
+        {
+            contract.RANK: str(world.rank),
+            contract.WORLD_SIZE: str(world.world_size),
+            contract.LOCAL_RANK: str(world.local_rank),
+            contract.LOCAL_WORLD_SIZE: str(world.local_world_size),
+            contract.MASTER_ADDR: world.master_addr,
+            contract.MASTER_PORT: str(world.master_port),
+        }
     )
 
 
@@ -246,7 +259,7 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
 
 def backend_for(device: torch.device, env: Mapping[str, str]) -> str:
     """DDP_BACKEND when set (the operator's contract), else the device's own collective library."""
-    return env.get("DDP_BACKEND") or {"cuda": "nccl", "hpu": "hccl"}.get(device.type, "gloo")
+    return env.get(contract.DDP_BACKEND) or {"cuda": "nccl", "hpu": "hccl"}.get(device.type, "gloo")
 
 
 def init_process_group(

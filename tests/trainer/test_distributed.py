@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_trainer.errors import TrainerError
-from ddp_trainer.launch import (
+from ddp_trainer.distributed import (
     World,
     backend_for,
     discover_world,
@@ -16,6 +15,7 @@ from ddp_trainer.launch import (
     first_host_in_hostfile,
     first_host_in_nodelist,
 )
+from ddp_trainer.errors import TrainerError
 
 
 def test_a_plain_process_is_a_world_of_one_without_a_group() -> None:

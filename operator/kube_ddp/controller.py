@@ -1,0 +1,239 @@
+"""The reconcile loop: read a job and its pods, ask the status core, apply what it decides.
+
+No decision is made here (they are all in `status.decide`), and nothing here knows kopf but
+`kopf.adopt`: the kopf wiring in `handlers.py` feeds the job cache and the pod index and
+queues keys; `Controller.reconcile` does the rest. Its in-memory state:
+
+- `jobs` (JobCache): the newest body of each job, so a stale watch event cannot repeat a
+  decision (a second group restart);
+- `expectations`: pods created but not yet seen in the watch, which count as Pending;
+- `queue` (WorkQueue): one reconcile at a time per job, failed ones retried with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import kopf
+from pydantic import ValidationError
+
+from kube_ddp import metrics, names
+from kube_ddp.api import DDPTrainingJob, JobStatus, describe_errors, load_job
+from kube_ddp.builders import BuildSettings, build_children, build_event
+from kube_ddp.config import OperatorConfig
+from kube_ddp.kube import Kube, NotFoundError, RefusedError
+from kube_ddp.status import (
+    Action,
+    CreateWorkers,
+    Decision,
+    DeleteJob,
+    DeletePods,
+    PodView,
+    decide,
+    reject,
+)
+from kube_ddp.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]  # (namespace, job name)
+PodIndex = Mapping[Key, Iterable[PodView]]
+MPI_OPERATOR_MISSING = (
+    f"launcher mpi needs the MPI Operator ({names.MPIJOB_API_VERSION} {names.MPIJOB_KIND}), "
+    "which this cluster does not serve: install it, or use launcher: torchrun"
+)
+FIRST_RETRY_DELAY = 1.0  # seconds; doubled after each failed reconcile of the same job
+MAX_RETRY_DELAY = 60.0
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds before the next try after `failures` failed reconciles in a row."""
+    return float(min(FIRST_RETRY_DELAY * 2 ** (failures - 1), MAX_RETRY_DELAY))
+
+
+@dataclass
+class Expectations:
+    """Pods we created that the watch has not shown yet (Kubernetes' "expectations")."""
+
+    timeout: float
+    _pending: dict[Key, dict[str, float]] = field(default_factory=dict)
+
+    def expect(self, key: Key, pod_names: Iterable[str], now: float) -> None:
+        self._pending.setdefault(key, {}).update(dict.fromkeys(pod_names, now + self.timeout))
+
+    def observe(self, key: Key, pod_name: str) -> None:
+        self._pending.get(key, {}).pop(pod_name, None)
+
+    def pending(self, key: Key, now: float) -> list[str]:
+        waiting = {n: t for n, t in self._pending.get(key, {}).items() if t > now}
+        self._pending[key] = waiting
+        return list(waiting)
+
+    def forget(self, key: Key) -> None:
+        self._pending.pop(key, None)
+
+
+def _resource_version(body: Mapping[str, Any]) -> int:
+    try:
+        return int(body["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return -1
+
+
+@dataclass
+class JobCache:
+    """The newest body of each job: from the watch, or from our own status writes.
+
+    After a status write, the watch may still deliver older versions of the job for a while;
+    deciding on those would repeat a decision (a second restart), so the newest wins.
+    """
+
+    _bodies: dict[Key, dict[str, Any]] = field(default_factory=dict)
+
+    def offer(self, key: Key, body: dict[str, Any]) -> None:
+        known = self._bodies.get(key)
+        if known is None or _resource_version(body) >= _resource_version(known):
+            self._bodies[key] = body
+
+    def get(self, key: Key) -> dict[str, Any] | None:
+        return self._bodies.get(key)
+
+    def drop(self, key: Key) -> None:
+        self._bodies.pop(key, None)
+
+    def statuses(self) -> list[dict[str, Any]]:
+        return [body.get("status") or {} for body in list(self._bodies.values())]
+
+
+@dataclass
+class Controller:
+    """The operator's reconcile loop and the state it keeps between reconciles."""
+
+    config: OperatorConfig
+    kube: Kube
+    # Our pods by job, as the status core sees them: the kopf index, once a handler has run.
+    pods: PodIndex | None = None
+    jobs: JobCache = field(default_factory=JobCache)
+    expectations: Expectations = field(init=False)
+    queue: WorkQueue[Key] = field(init=False)
+    failures: dict[Key, int] = field(default_factory=dict)  # failed reconciles in a row
+
+    def __post_init__(self) -> None:
+        self.expectations = Expectations(self.config.expectation_timeout)
+        self.queue = WorkQueue(self.reconcile_or_retry, workers=self.config.workers)
+
+    @property
+    def build_settings(self) -> BuildSettings:
+        return BuildSettings(trainer_image=self.config.trainer_image)
+
+    # --- what the kopf handlers tell us --------------------------------------------------
+
+    def job_changed(self, key: Key, body: dict[str, Any]) -> None:
+        self.jobs.offer(key, body)
+        self.queue.add(key)
+
+    def job_deleted(self, key: Key) -> None:
+        self.jobs.drop(key)
+        self.expectations.forget(key)
+        self.failures.pop(key, None)
+
+    def pod_changed(self, key: Key, pod_name: str, window: float) -> None:
+        self.expectations.observe(key, pod_name)
+        self.queue.add_batched(key, window)
+
+    # --- reconcile ---------------------------------------------------------------------
+
+    async def reconcile(self, key: Key) -> None:
+        body = self.jobs.get(key)
+        if body is None:
+            return
+        now = utcnow()
+        status = JobStatus.model_validate(body.get("status") or {})
+        try:
+            job = load_job(body)
+        except ValidationError as error:
+            await self._apply(key, body, status, reject(status, describe_errors(error), now))
+            return
+        pods = list(self.pods.get(key, [])) if self.pods is not None else []
+        expected = self.expectations.pending(key, asyncio.get_running_loop().time())
+        decision = decide(job, pods, now, expected)
+        try:
+            for action in decision.actions:
+                await self._act(key, body, job, action)
+        except (NotFoundError, RefusedError) as error:
+            if isinstance(error, NotFoundError) and job.spec.launcher != "mpi":
+                raise  # a namespace being deleted, say: retried like any error
+            # The API server refuses what the spec builds (a field the schema leaves free), or
+            # does not serve the MPIJob kind at all.
+            refusal = MPI_OPERATOR_MISSING if isinstance(error, NotFoundError) else error.message
+            await self._apply(key, body, status, reject(status, [refusal], now))
+            return
+        await self._apply(key, body, status, decision)
+
+    async def reconcile_or_retry(self, key: Key) -> None:
+        """Reconcile; on an error, log it, count it and try again with a growing delay."""
+        try:
+            await self.reconcile(key)
+        except Exception as error:
+            failures = self.failures[key] = self.failures.get(key, 0) + 1
+            delay = retry_delay(failures)
+            metrics.RECONCILE_ERRORS.inc()
+            log.warning("reconciling %s/%s failed (%s); retrying in %.1fs", *key, error, delay)
+            self.queue.add(key, after=delay)
+        else:
+            self.failures.pop(key, None)
+
+    async def _act(
+        self, key: Key, body: dict[str, Any], job: DDPTrainingJob, action: Action
+    ) -> None:
+        namespace, name = key
+        if isinstance(action, CreateWorkers):
+            children = build_children(job, action.attempt, self.build_settings, action.indices)
+            kopf.adopt(children, owner=kopf.Body(cast(kopf.RawBody, body)))
+            pods = [c for c in children if c["kind"] == "Pod"]
+            others = [c for c in children if c["kind"] != "Pod"]
+            self.expectations.expect(
+                key, [p["metadata"]["name"] for p in pods], asyncio.get_running_loop().time()
+            )
+            # Pods name the ServiceAccount, which must exist before them.
+            await asyncio.gather(*(self.kube.create(child) for child in others))
+            await asyncio.gather(*(self.kube.create(child) for child in pods))
+        elif isinstance(action, DeletePods):
+            await asyncio.gather(*(self.kube.delete_pod(namespace, pod) for pod in action.names))
+        elif isinstance(action, DeleteJob):
+            await self.kube.delete_job(namespace, name)
+
+    async def _apply(
+        self, key: Key, body: dict[str, Any], before: JobStatus, decision: Decision
+    ) -> None:
+        """Write the status if it changed, post the decision's events, schedule timed rules."""
+        namespace, name = key
+        written = _owned_status(decision.status)
+        if written != _owned_status(before):
+            updated = await self.kube.patch_job_status(namespace, name, written)
+            if updated is not None:
+                self.jobs.offer(key, updated)
+                metrics.observe_transition(body, before, decision.status)
+        stamp = utcnow()
+        await asyncio.gather(
+            *(
+                self.kube.create(build_event(body, e.type, e.reason, e.message, stamp))
+                for e in decision.events
+            )
+        )
+        if decision.requeue_after is not None:
+            self.queue.add(key, after=decision.requeue_after + 0.5)
+
+
+def _owned_status(status: JobStatus) -> dict[str, Any]:
+    """The status fields the operator writes: status.training belongs to the trainer, so what
+    we read of it is never written back."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"training"})

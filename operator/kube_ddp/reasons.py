@@ -1,0 +1,38 @@
+"""Every reason kube-ddp writes into a condition, an Event or `status.failure`, in one place.
+
+Users match on these words (alerts, `kubectl get events --field-selector reason=...`), so they
+are a vocabulary, not strings scattered over the code; docs/design.md lists them, and a unit
+test keeps that list and this one the same.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Reasons of the job's conditions and Events."""
+
+    WORKERS_CREATED = "WorkersCreated"  # the pods of an attempt were created
+    RESUMED = "Resumed"  # runPolicy.suspend went back to false
+    WORKERS_PENDING = "WorkersPending"  # not every worker is scheduled yet
+    WORKERS_STARTING = "WorkersStarting"  # all scheduled, not all running
+    WORKERS_RUNNING = "WorkersRunning"  # every worker runs
+    SCHEDULED = "Scheduled"  # Schedulable=True
+    UNSCHEDULABLE = "Unschedulable"  # Schedulable=False: the scheduler cannot place a worker
+    WORKER_FAILED = "WorkerFailed"  # a group restart, or Failed under restartPolicy Never
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"  # retryable, but no restarts left
+    NON_RETRYABLE_EXIT_CODE = "NonRetryableExitCode"  # the program failed: restarting won't help
+    DEADLINE_EXCEEDED = "DeadlineExceeded"  # activeDeadlineSeconds
+    WORKER_SUCCEEDED = "WorkerSucceeded"  # worker 0 exited 0
+    SUSPENDED = "Suspended"  # runPolicy.suspend
+    INVALID_SPEC = "InvalidSpec"  # the models or the API server refuse what the spec builds
+    MPIJOB_CREATED = "MPIJobCreated"  # launcher mpi: the MPI Operator runs the pods
+
+
+class PodReason(StrEnum):
+    """Reasons kube-ddp gives a worker failure in `status.failure` when the pod gives none."""
+
+    DELETED = "Deleted"  # the pod was deleted, or vanished
+    NODE_LOST = "NodeLost"  # phase Unknown: its node stopped reporting
+    ERROR = "Error"  # it failed without saying why

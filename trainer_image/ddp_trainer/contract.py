@@ -1,0 +1,60 @@
+"""The contract between kube-ddp and the processes it launches, in one place for both sides.
+
+The operator (`kube_ddp`) imports these names to build every worker's environment and the
+CRD; the trainer reads the same names and patches the same status endpoint. The trainer never
+imports the operator, so the contract lives here, standard library only (docs/design.md, "The
+env contract").
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- the status API the trainer's rank 0 reports to ---------------------------------------------
+API_GROUP: Final = "kubeddp.io"
+API_VERSION: Final = "v1alpha1"
+API_PLURAL: Final = "ddptrainingjobs"
+
+# --- how a worker runs the trainer ----------------------------------------------------------
+TRAINER_MODULE: Final = "ddp_trainer"  # python -m ddp_trainer
+TRAINER_COMMAND: Final = ("python", "-m", TRAINER_MODULE)
+
+# --- the env contract: every worker container gets these ------------------------------------
+MASTER_ADDR: Final = "MASTER_ADDR"
+MASTER_PORT: Final = "MASTER_PORT"
+NNODES: Final = "NNODES"
+NODE_RANK: Final = "NODE_RANK"
+NPROC_PER_NODE: Final = "NPROC_PER_NODE"
+LOCAL_WORLD_SIZE: Final = "LOCAL_WORLD_SIZE"
+WORLD_SIZE: Final = "WORLD_SIZE"
+RANK: Final = "RANK"  # only when a pod runs exactly one process without torchrun
+LOCAL_RANK: Final = "LOCAL_RANK"  # likewise
+DDP_BACKEND: Final = "DDP_BACKEND"
+JOB_NAME: Final = "KUBEDDP_JOB_NAME"
+JOB_NAMESPACE: Final = "KUBEDDP_JOB_NAMESPACE"
+ATTEMPT: Final = "KUBEDDP_ATTEMPT"
+
+# torchrun reads its flags from PET_<FLAG> too; the operator sets both spellings.
+TORCHRUN_PREFIX: Final = "PET_"
+TORCHRUN_MIRRORED: Final = (MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, NPROC_PER_NODE)
+
+
+def torchrun_name(name: str) -> str:
+    """PET_MASTER_ADDR for MASTER_ADDR: the name torchrun reads the same setting from."""
+    return TORCHRUN_PREFIX + name
+
+
+# Every name the operator may set, built from the names above so the two cannot drift: a job
+# that sets one of these in its own env is refused.
+RESERVED_ENV: Final = (
+    *TORCHRUN_MIRRORED,
+    *(torchrun_name(name) for name in TORCHRUN_MIRRORED),
+    LOCAL_WORLD_SIZE,
+    WORLD_SIZE,
+    RANK,
+    LOCAL_RANK,
+    DDP_BACKEND,
+    JOB_NAME,
+    JOB_NAMESPACE,
+    ATTEMPT,
+)
