@@ -200,16 +200,26 @@ class Controller:
             kopf.adopt(children, owner=kopf.Body(cast(kopf.RawBody, body)))
             pods = [c for c in children if c["kind"] == "Pod"]
             others = [c for c in children if c["kind"] != "Pod"]
-            self.expectations.expect(
-                key, [p["metadata"]["name"] for p in pods], asyncio.get_running_loop().time()
-            )
             # Pods name the ServiceAccount, which must exist before them.
             await asyncio.gather(*(self.kube.create(child) for child in others))
-            await asyncio.gather(*(self.kube.create(child) for child in pods))
+            await self._create_pods(key, pods)
         elif isinstance(action, DeletePods):
             await asyncio.gather(*(self.kube.delete_pod(namespace, pod) for pod in action.names))
         elif isinstance(action, DeleteJob):
             await self.kube.delete_job(namespace, name)
+
+    async def _create_pods(self, key: Key, pods: list[dict[str, Any]]) -> None:
+        """Create `pods`, expected from before the first request (the watch may show one
+        before its create returns); a pod whose create failed is not expected."""
+        pod_names = [p["metadata"]["name"] for p in pods]
+        self.expectations.expect(key, pod_names, asyncio.get_running_loop().time())
+        results = await asyncio.gather(*(self.kube.create(p) for p in pods), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for pod_name, result in zip(pod_names, results, strict=True):
+            if isinstance(result, BaseException):
+                self.expectations.observe(key, pod_name)
+        if errors:
+            raise errors[0]
 
     async def _apply(
         self, key: Key, body: dict[str, Any], before: JobStatus, decision: Decision

@@ -1,0 +1,338 @@
+"""The operator's shell in-process: `Controller.reconcile` and `Kube` against a fake API server.
+
+What is checked is what the shell adds to the pure core: the requests it makes, in which order,
+and what it does with the API server's answers (409 and 404 as success, 400/422 and a missing
+MPIJob kind as Failed, one re-authentication on 401, backoff on errors), the newest-body rule of
+the job cache, expectations, and writing the status only when it changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from kube_ddp.config import OperatorConfig
+from kube_ddp.controller import (
+    MPI_OPERATOR_MISSING,
+    Controller,
+    JobCache,
+    Key,
+    retry_delay,
+)
+from kube_ddp.kube import ApiError, UnauthorizedError
+from kube_ddp.reasons import Reason
+from kube_ddp.status import PodView
+from tests.unit.fake_api import FakeApi, kube_for, serving
+
+NAMESPACE, NAME = "ns1", "bar"
+KEY: Key = (NAMESPACE, NAME)
+UID = "uid-1"
+PODS = "/api/v1/namespaces/ns1/pods"
+STATUS = "/apis/kubeddp.io/v1alpha1/namespaces/ns1/ddptrainingjobs/bar/status"
+
+
+def job_body(
+    status: dict[str, Any] | None = None, resource_version: int = 10, **spec: Any
+) -> dict[str, Any]:
+    """A job as the API server returns it."""
+    return {
+        "apiVersion": "kubeddp.io/v1alpha1",
+        "kind": "DDPTrainingJob",
+        "metadata": {
+            "name": NAME,
+            "namespace": NAMESPACE,
+            "uid": UID,
+            "generation": 1,
+            "resourceVersion": str(resource_version),
+            "creationTimestamp": "2026-11-22T12:00:00Z",
+        },
+        "spec": {"nodes": 2, **spec},
+        "status": status or {},
+    }
+
+
+def pod(index: int, phase: str = "Running", attempt: int = 0, **fields: Any) -> PodView:
+    return PodView(
+        name=f"bar-worker-{index}",
+        index=index,
+        attempt=attempt,
+        phase=phase,
+        scheduled=True,
+        owner_uid=UID,
+        **fields,
+    )
+
+
+Scenario = Callable[[FakeApi, Controller], Awaitable[None]]
+
+
+def run(scenario: Scenario, api: FakeApi | None = None, tokens: list[str] | None = None) -> FakeApi:
+    """Run `scenario` with a controller talking to a fake API server; the server is returned
+    with what it recorded."""
+    fake = api or FakeApi()
+
+    async def main() -> None:
+        async with serving(fake):
+            controller = Controller(config=OperatorConfig(), kube=kube_for(fake, tokens), pods={})
+            try:
+                await scenario(fake, controller)
+            finally:
+                await controller.queue.close()
+                await controller.kube.close()
+
+    asyncio.run(main())
+    return fake
+
+
+def start(
+    fake: FakeApi, controller: Controller, body: dict[str, Any], pods: list[PodView] = ()
+) -> None:
+    """The job as the watch delivered it, and its pods as the index holds them."""
+    fake.put_job(body)
+    controller.jobs.offer(KEY, copy.deepcopy(body))
+    controller.pods = {KEY: list(pods)}
+
+
+def written_statuses(fake: FakeApi) -> list[dict[str, Any]]:
+    return [c.body["status"] for c in fake.made("PATCH", STATUS)]
+
+
+def event_reasons(fake: FakeApi) -> list[str]:
+    return [c.body["reason"] for c in fake.made("POST", "/events")]
+
+
+def test_a_new_job_gets_its_children_then_a_status_and_an_event() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body())
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    created = [
+        (c.path.rsplit("/", 1)[-1], c.body["metadata"].get("name")) for c in fake.made("POST")
+    ]
+    assert created == [
+        ("services", "bar"),
+        ("serviceaccounts", "bar-trainer"),
+        ("roles", "bar-trainer"),
+        ("rolebindings", "bar-trainer"),
+        ("pods", "bar-worker-0"),
+        ("pods", "bar-worker-1"),
+        ("events", None),
+    ]
+    pods = fake.made("POST", PODS)
+    assert {o["uid"] for p in pods for o in p.body["metadata"]["ownerReferences"]} == {UID}
+    assert [s["phase"] for s in written_statuses(fake)] == ["Pending"]
+    assert event_reasons(fake) == [Reason.WORKERS_CREATED]
+
+
+def test_pods_not_yet_in_the_watch_are_expected_not_vanished() -> None:
+    """Right after creating them the index has no pods: no restart, no second create."""
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body())
+        await controller.reconcile(KEY)
+        await controller.reconcile(KEY)  # the cache holds our status write; the index is empty
+
+    fake = run(scenario)
+    assert len(fake.made("POST", PODS)) == 2
+    assert fake.made("DELETE") == []
+    assert all(s.get("restarts", 0) == 0 for s in written_statuses(fake))
+
+
+def test_the_status_is_written_only_when_it_changed() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body({"phase": "Starting"}), [pod(0), pod(1)])
+        await controller.reconcile(KEY)
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    assert [s["phase"] for s in written_statuses(fake)] == ["Running"]
+    assert event_reasons(fake) == [Reason.WORKERS_RUNNING]
+
+
+def test_the_trainers_progress_is_never_written_back() -> None:
+    training = {"epoch": 3, "valAccuracy": 0.9}
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        status = {"phase": "Starting", "training": training}
+        start(fake, controller, job_body(status), [pod(0), pod(1)])
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    (written,) = written_statuses(fake)
+    assert "training" not in written
+    assert fake.jobs[STATUS.removesuffix("/status")]["status"]["training"] == training
+
+
+def test_a_stale_watch_event_cannot_restart_the_group_twice() -> None:
+    """After our status write (restarts 1), the watch may still deliver the job as it was
+    before (restarts 0, a worker failed): the cache keeps the newer body."""
+    failed = [pod(0), pod(1, "Failed", exit_code=137, reason="Error")]
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        before = job_body({"phase": "Running", "startTime": "2026-11-22T12:00:00Z"})
+        start(fake, controller, before, failed)
+        await controller.reconcile(KEY)
+        controller.jobs.offer(KEY, copy.deepcopy(before))  # the stale event
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    assert {s["restarts"] for s in written_statuses(fake)} == {1}
+    assert event_reasons(fake) == [Reason.WORKER_FAILED]  # a second restart would say it again
+
+
+def test_the_job_cache_keeps_the_newest_resource_version() -> None:
+    cache = JobCache()
+    cache.offer(KEY, job_body(resource_version=11))
+    cache.offer(KEY, job_body(resource_version=10))
+    assert cache.get(KEY)["metadata"]["resourceVersion"] == "11"
+    cache.offer(KEY, job_body(resource_version=12))
+    assert cache.get(KEY)["metadata"]["resourceVersion"] == "12"
+
+
+@pytest.mark.parametrize("status", [400, 422], ids=["bad request", "unprocessable"])
+def test_pods_the_server_refuses_fail_the_job_with_its_message(status: int) -> None:
+    message = 'Pod "bar-worker-0" is invalid: spec.volumes[0].name: Required value'
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body())
+        fake.answer("POST", "/pods$", status, message, times=2)
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    (written,) = written_statuses(fake)
+    assert written["phase"] == "Failed"
+    failed = next(c for c in written["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == Reason.INVALID_SPEC
+    assert failed["message"] == f"Invalid spec: {message}"
+    assert event_reasons(fake) == [Reason.INVALID_SPEC]
+
+
+def test_launcher_mpi_without_the_mpi_operator_fails_with_what_to_install() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body(launcher="mpi"))
+        fake.answer("POST", "/mpijobs$", 404, "the server could not find the requested resource")
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    (written,) = written_statuses(fake)
+    assert written["phase"] == "Failed"
+    assert written["conditions"][0]["message"] == f"Invalid spec: {MPI_OPERATOR_MISSING}"
+
+
+def test_what_exists_or_is_gone_already_is_success() -> None:
+    """409 on create, 404 on a pod delete: a repeated reconcile goes on as if it had made them."""
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body())
+        fake.answer("POST", "/services$", 409, "already exists")
+        fake.answer("POST", "/pods$", 409, "already exists")
+        await controller.reconcile(KEY)
+        fake.answer("DELETE", "/pods/", 404, "not found", times=2)
+        restarting = {"phase": "Restarting", "restarts": 1, "startTime": "2026-11-22T12:00:00Z"}
+        start(fake, controller, job_body(restarting, resource_version=20), [pod(0), pod(1)])
+        await controller.reconcile(KEY)  # the old attempt's pods go: both already gone
+
+    fake = run(scenario)
+    assert [s["phase"] for s in written_statuses(fake)] == ["Pending", "Restarting"]
+    assert len(fake.made("DELETE", PODS)) == 2
+
+
+def test_a_status_write_for_a_deleted_job_is_no_error() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body({"phase": "Starting"}), [pod(0), pod(1)])
+        fake.jobs.clear()  # deleted meanwhile: the PATCH gets a 404
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    assert len(fake.made("PATCH", STATUS)) == 1
+
+
+def test_a_401_reads_the_credentials_again_once() -> None:
+    """Service-account tokens rotate: one 401 re-authenticates and repeats the call."""
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body({"phase": "Starting"}), [pod(0), pod(1)])
+        fake.answer("PATCH", "/status$", 401, "Unauthorized")
+        await controller.reconcile(KEY)
+
+    fake = run(scenario, tokens=["old", "new"])
+    patches = fake.made("PATCH", STATUS)
+    assert [c.authorization for c in patches] == ["Bearer old", "Bearer new"]
+    assert fake.made("POST", "/events")[0].authorization == "Bearer new"
+
+
+def test_a_second_401_is_an_error() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body({"phase": "Starting"}), [pod(0), pod(1)])
+        fake.answer("PATCH", "/status$", 401, "Unauthorized", times=2)
+        with pytest.raises(UnauthorizedError):
+            await controller.reconcile(KEY)
+
+    fake = run(scenario, tokens=["old", "new"])
+    assert len(fake.made("PATCH", STATUS)) == 2
+
+
+def test_a_failed_reconcile_is_retried_with_a_growing_delay() -> None:
+    retries: list[float] = []
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        controller.queue.add = lambda key, after=0.0: retries.append(after)  # type: ignore[method-assign]
+        start(fake, controller, job_body())
+        fake.answer("POST", "/services$", 500, "etcdserver: request timed out", times=3)
+        for _ in range(3):
+            await controller.reconcile_or_retry(KEY)
+        assert controller.failures[KEY] == 3
+        await controller.reconcile_or_retry(KEY)  # the server answers again
+        assert KEY not in controller.failures
+
+    fake = run(scenario)
+    assert retries == [retry_delay(1), retry_delay(2), retry_delay(3)]
+    assert retry_delay(1) < retry_delay(2) < retry_delay(3)
+    assert retry_delay(100) == 60.0
+    assert len(fake.made("POST", PODS)) == 2  # created once the server answered
+
+
+def test_an_unexpected_answer_is_raised_typed() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body())
+        fake.answer("POST", "/services$", 503, "overloaded")
+        with pytest.raises(ApiError) as raised:
+            await controller.reconcile(KEY)
+        assert (raised.value.status, raised.value.message) == (503, "overloaded")
+
+    run(scenario)
+
+
+def test_a_deleted_job_is_forgotten() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body())
+        controller.failures[KEY] = 2
+        controller.job_deleted(KEY)
+        await controller.reconcile(KEY)  # a reconcile still queued finds nothing to do
+        assert KEY not in controller.failures
+
+    fake = run(scenario)
+    assert fake.calls == []
+
+
+def test_pods_whose_create_failed_are_not_waited_for() -> None:
+    """A pod the server did not create must not count as expected (Pending) until the
+    expectation times out: the next reconcile creates it."""
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body())
+        fake.answer("POST", "/pods$", 500, "etcdserver: request timed out")
+        with pytest.raises(ApiError):
+            await controller.reconcile(KEY)
+        created = [c.body["metadata"]["name"] for c in fake.made("POST", PODS)][1:]
+        controller.pods = {KEY: [pod(int(n[-1]), "Pending") for n in created]}
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    refused, *rest = [c.body["metadata"]["name"] for c in fake.made("POST", PODS)]
+    assert len(rest) == 2 and rest[-1] == refused  # the refused pod, created by the retry
