@@ -1,6 +1,6 @@
 # kube-ddp developer entry points. `make demo` and `make test` are the README's two commands;
 # everything they need is installed here: uv (pinned, into a cache outside the repo), then the
-# workspace into .venv. The control plane binaries are built by hack/dev-cluster.
+# workspace into .venv. The control plane binaries are built by hack/dev-cluster.py.
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help

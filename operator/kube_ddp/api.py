@@ -1,9 +1,10 @@
 """The DDPTrainingJob API: pydantic models of the spec and status, the single source of truth.
 
 The CRD schema is generated from these models (kube_ddp.crd), and the same models validate a
-job file for `kube-ddp render` and `kube-ddp run`. Cross-field rules are `Rule`s: each carries
-its CEL expression for the API server and the same check in Python, side by side, so a job
-the server rejects is also rejected locally with the same words.
+job file for `kube-ddp render`. Cross-field rules are `Rule`s: each carries its CEL expression
+for the API server and the same check in Python, side by side, so a job the server rejects is
+also rejected locally with the same words (tests/api_cases.py holds a case for every rule, and
+both tiers check it).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -34,13 +35,40 @@ GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
 GAUDI_2X8 = {"nodes": 2, "accelerator": {"type": "gaudi", "perNode": 8}}
 ELASTIC = {"nodes": 2, "elastic": {"minNodes": 1, "maxNodes": 4}, "nprocPerNode": 2}
 
-# (case, spec, worker index, the env the worker must get (exactly), launcher command head)
+
+@dataclass(frozen=True)
+class ContractCase:
+    id: str
+    spec: dict[str, Any]
+    index: int  # the worker looked at
+    env: dict[str, str]  # what this shape sets beyond the names every worker gets
+    command: list[str]  # the head of the launcher command
+    launcher_defaults: dict[str, str] = field(default_factory=dict)
+
+
+def every_worker_gets(index_env: dict[str, str]) -> dict[str, str]:
+    """The names set the same way on every worker of every shape, and torchrun's PET_ copies
+    of the case's own."""
+    mirrored = ("NNODES", "NODE_RANK", "NPROC_PER_NODE")
+    return {
+        "MASTER_ADDR": MASTER,
+        "PET_MASTER_ADDR": MASTER,
+        "MASTER_PORT": "29500",
+        "PET_MASTER_PORT": "29500",
+        "LOCAL_WORLD_SIZE": index_env["NPROC_PER_NODE"],
+        "KUBEDDP_JOB_NAME": "bar",
+        "KUBEDDP_JOB_NAMESPACE": "ns1",
+        "KUBEDDP_ATTEMPT": "2",
+        **{f"PET_{name}": index_env[name] for name in mirrored},
+    }
+
+
 CONTRACT = [
-    (
-        "1x1 cpu",
-        {"nodes": 1},
-        0,
-        {
+    ContractCase(
+        id="1x1 cpu",
+        spec={"nodes": 1},
+        index=0,
+        env={
             "NNODES": "1",
             "NODE_RANK": "0",
             "NPROC_PER_NODE": "1",
@@ -49,46 +77,46 @@ CONTRACT = [
             "LOCAL_RANK": "0",
             "DDP_BACKEND": "gloo",
         },
-        ["python", "-m", "ddp_trainer"],
+        command=["python", "-m", "ddp_trainer"],
     ),
-    (
-        "2x8 nvidia, worker 1",
-        GPU_2X8,
-        1,
-        {
+    ContractCase(
+        id="2x8 nvidia, worker 1",
+        spec=GPU_2X8,
+        index=1,
+        env={
             "NNODES": "2",
             "NODE_RANK": "1",
             "NPROC_PER_NODE": "8",
             "WORLD_SIZE": "16",
             "DDP_BACKEND": "nccl",
         },
-        ["torchrun", "--nnodes=2", "--nproc-per-node=8", "--node-rank=$(NODE_RANK)"],
+        command=["torchrun", "--nnodes=2", "--nproc-per-node=8", "--node-rank=$(NODE_RANK)"],
     ),
-    (
-        "2x8 gaudi",
-        GAUDI_2X8,
-        0,
-        {
+    ContractCase(
+        id="2x8 gaudi",
+        spec=GAUDI_2X8,
+        index=0,
+        env={
             "NNODES": "2",
             "NODE_RANK": "0",
             "NPROC_PER_NODE": "8",
             "WORLD_SIZE": "16",
             "DDP_BACKEND": "hccl",
         },
-        ["torchrun", "--nnodes=2", "--nproc-per-node=8"],
+        command=["torchrun", "--nnodes=2", "--nproc-per-node=8"],
     ),
-    (
-        "elastic 1:4 x 2",
-        ELASTIC,
-        1,
-        {
+    ContractCase(
+        id="elastic 1:4 x 2",
+        spec=ELASTIC,
+        index=1,
+        env={
             "NNODES": "1:4",
             "NODE_RANK": "1",
             "NPROC_PER_NODE": "2",
             "WORLD_SIZE": "4",
             "DDP_BACKEND": "gloo",
         },
-        [
+        command=[
             "torchrun",
             "--nnodes=1:4",
             "--nproc-per-node=2",
@@ -97,37 +125,21 @@ CONTRACT = [
             "--rdzv-id=bar",
             "--max-restarts=3",
         ],
+        # torchrun restarts across nodes need it (pytorch#135712)
+        launcher_defaults={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
     ),
 ]
 
 
-@pytest.mark.parametrize(
-    ("spec", "index", "expected", "command"),
-    [case[1:] for case in CONTRACT],
-    ids=[case[0] for case in CONTRACT],
-)
-def test_env_contract(
-    spec: dict[str, Any], index: int, expected: dict[str, str], command: list[str]
-) -> None:
-    container = container_of(worker(spec, index, attempt=2))
-    env = env_of(container)
-    if spec.get("elastic"):  # torchrun restarts across nodes need it (pytorch#135712)
-        assert env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1"
-    pet = {f"PET_{k}": v for k, v in expected.items() if k in ("NNODES", "NODE_RANK")}
-    pet["PET_NPROC_PER_NODE"] = expected["NPROC_PER_NODE"]
-    assert env == {
-        "MASTER_ADDR": MASTER,
-        "PET_MASTER_ADDR": MASTER,
-        "MASTER_PORT": "29500",
-        "PET_MASTER_PORT": "29500",
-        "LOCAL_WORLD_SIZE": expected["NPROC_PER_NODE"],
-        "KUBEDDP_JOB_NAME": "bar",
-        "KUBEDDP_JOB_NAMESPACE": "ns1",
-        "KUBEDDP_ATTEMPT": "2",
-        **pet,
-        **expected,
+@pytest.mark.parametrize("case", CONTRACT, ids=[case.id for case in CONTRACT])
+def test_env_contract(case: ContractCase) -> None:
+    container = container_of(worker(case.spec, case.index, attempt=2))
+    assert env_of(container) == {
+        **every_worker_gets(case.env),
+        **case.env,
+        **case.launcher_defaults,
     }
-    assert container["command"][: len(command)] == command
+    assert container["command"][: len(case.command)] == case.command
     assert container["command"][-2:] == ["-m", "ddp_trainer"]
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from kube_ddp.api import DDPTrainingJob, JobStatus
+from kube_ddp.reasons import Reason
 from kube_ddp.status import (
     CreateWorkers,
     Decision,
@@ -138,111 +140,118 @@ def test_worker0_success_finishes_the_job(policy: str, deleted: tuple[int, ...] 
     assert [e.reason for e in decision.events] == ["WorkerSucceeded"]
 
 
-# (case, runPolicy, restarts so far, the failed pod, expected phase, expected reason)
-FAILURES = [
-    (
-        "exit 137 restarts",
-        {},
-        0,
-        pod(1, "Failed", exit_code=137, reason="Error"),
-        "Restarting",
-        None,
-    ),
-    (
-        "exit 1 fails",
-        {},
-        0,
-        pod(1, "Failed", exit_code=1, reason="Error"),
-        "Failed",
-        "NonRetryableExitCode",
-    ),
-    (
+@dataclass(frozen=True)
+class RestartCase:
+    """A worker failure that restarts the group (while restarts remain)."""
+
+    id: str
+    failed: PodView  # worker 1, as observed
+    exit_code: int | None  # what status.failure reports
+    reason: str  # likewise
+    deleted: tuple[int, ...] = (0, 1)  # pods the restart deletes (not those already going)
+    run_policy: dict[str, Any] = field(default_factory=dict)
+
+
+RESTARTS = [
+    RestartCase("exit 137", pod(1, "Failed", exit_code=137, reason="Error"), 137, "Error"),
+    RestartCase(
         "exit 1 listed as retryable",
-        {"retryableExitCodes": [1]},
-        0,
-        pod(1, "Failed", exit_code=1),
-        "Restarting",
-        None,
-    ),
-    (
-        "OnFailure retries exit 1",
-        {"restartPolicy": "OnFailure"},
-        0,
-        pod(1, "Failed", exit_code=1),
-        "Restarting",
-        None,
-    ),
-    (
-        "Never fails on 137",
-        {"restartPolicy": "Never"},
-        0,
-        pod(1, "Failed", exit_code=137),
-        "Failed",
-        "WorkerFailed",
-    ),
-    (
-        "backoffLimit reached",
-        {"backoffLimit": 1},
+        pod(1, "Failed", exit_code=1, reason="Error"),
         1,
-        pod(1, "Failed", exit_code=137, attempt=1),
-        "Failed",
-        "BackoffLimitExceeded",
+        "Error",
+        run_policy={"retryableExitCodes": [1]},
     ),
-    (
-        "backoffLimit 0",
-        {"backoffLimit": 0},
-        0,
-        pod(1, "Failed", exit_code=143),
-        "Failed",
-        "BackoffLimitExceeded",
+    RestartCase(
+        "OnFailure retries exit 1",
+        pod(1, "Failed", exit_code=1, reason="Error"),
+        1,
+        "Error",
+        run_policy={"restartPolicy": "OnFailure"},
     ),
-    (
-        "evicted restarts",
-        {},
-        0,
-        pod(1, "Failed", reason="Evicted", message="low memory"),
-        "Restarting",
-        None,
+    RestartCase(
+        "evicted", pod(1, "Failed", reason="Evicted", message="low memory"), None, "Evicted"
     ),
-    ("deleted restarts", {}, 0, pod(1, "Running", deleting=True), "Restarting", None),
-    ("node lost restarts", {}, 0, pod(1, "Unknown"), "Restarting", None),
-    (
+    RestartCase("deleted", pod(1, "Running", deleting=True), None, "Deleted", deleted=(0,)),
+    RestartCase("node lost", pod(1, "Unknown"), None, "NodeLost"),
+    RestartCase(
         "pod GC after node loss",
-        {},
-        0,
         pod(1, "Failed", reason="DeletionByPodGC"),
-        "Restarting",
         None,
+        "DeletionByPodGC",
     ),
 ]
 
 
-@pytest.mark.parametrize(
-    ("policy", "restarts", "failed", "phase", "reason"),
-    [case[1:] for case in FAILURES],
-    ids=[case[0] for case in FAILURES],
-)
-def test_failure_rules(
-    policy: dict[str, Any], restarts: int, failed: PodView, phase: str, reason: str | None
-) -> None:
-    worker0 = pod(0, attempt=restarts)
-    decision = decide(job(running(restarts), runPolicy=policy), [worker0, failed], NOW)
-    assert decision.status.phase == phase
+@pytest.mark.parametrize("case", RESTARTS, ids=[case.id for case in RESTARTS])
+def test_retryable_failures_restart_the_group(case: RestartCase) -> None:
+    decision = decide(job(running(), runPolicy=case.run_policy), [pod(0), case.failed], NOW)
+    assert decision.status.phase == "Restarting"
+    assert decision.status.restarts == 1
     failure = decision.status.failure
-    assert failure is not None and failure.pod == "bar-worker-1"
-    assert failure.exit_code == (failed.exit_code if failed.phase == "Failed" else None)
-    if phase == "Restarting":
-        assert decision.status.restarts == restarts + 1
-        assert condition(decision, "Restarting") == ("True", "WorkerFailed")
-        assert decision.actions == (
-            delete(*[p.index for p in (worker0, failed) if not p.deleting]),
-        )
-        assert [(e.type, e.reason) for e in decision.events] == [("Warning", "WorkerFailed")]
-    else:
-        assert decision.status.restarts == restarts
-        assert condition(decision, "Failed") == ("True", reason)
-        assert decision.status.completion_time == NOW
-        assert decision.actions == (delete(0),)  # cleanPodPolicy Running: the live worker goes
+    assert failure is not None
+    assert (failure.pod, failure.exit_code, failure.reason) == (
+        "bar-worker-1",
+        case.exit_code,
+        case.reason,
+    )
+    assert condition(decision, "Restarting") == ("True", Reason.WORKER_FAILED)
+    assert decision.actions == (delete(*case.deleted),)
+    assert [(e.type, e.reason) for e in decision.events] == [("Warning", Reason.WORKER_FAILED)]
+
+
+@dataclass(frozen=True)
+class FailCase:
+    """A worker failure that fails the job."""
+
+    id: str
+    failed: PodView  # worker 1, as observed, in the attempt `restarts`
+    reason: Reason  # of the Failed condition
+    run_policy: dict[str, Any] = field(default_factory=dict)
+    restarts: int = 0  # group restarts before this failure
+
+
+FAILURES = [
+    FailCase(
+        "exit 1 is the program's fault",
+        pod(1, "Failed", exit_code=1, reason="Error"),
+        Reason.NON_RETRYABLE_EXIT_CODE,
+    ),
+    FailCase(
+        "restartPolicy Never, even on 137",
+        pod(1, "Failed", exit_code=137),
+        Reason.WORKER_FAILED,
+        run_policy={"restartPolicy": "Never"},
+    ),
+    FailCase(
+        "backoffLimit reached",
+        pod(1, "Failed", exit_code=137, attempt=1),
+        Reason.BACKOFF_LIMIT_EXCEEDED,
+        run_policy={"backoffLimit": 1},
+        restarts=1,
+    ),
+    FailCase(
+        "backoffLimit 0",
+        pod(1, "Failed", exit_code=143),
+        Reason.BACKOFF_LIMIT_EXCEEDED,
+        run_policy={"backoffLimit": 0},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FAILURES, ids=[case.id for case in FAILURES])
+def test_failures_that_fail_the_job(case: FailCase) -> None:
+    worker0 = pod(0, attempt=case.restarts)
+    status = running(case.restarts)
+    decision = decide(job(status, runPolicy=case.run_policy), [worker0, case.failed], NOW)
+    assert decision.status.phase == "Failed"
+    assert decision.status.restarts == case.restarts
+    failure = decision.status.failure
+    assert failure is not None
+    assert (failure.pod, failure.exit_code) == ("bar-worker-1", case.failed.exit_code)
+    assert condition(decision, "Failed") == ("True", case.reason)
+    assert decision.status.completion_time == NOW
+    assert decision.actions == (delete(0),)  # cleanPodPolicy Running: the live worker goes
+    assert [(e.type, e.reason) for e in decision.events] == [("Warning", case.reason)]
 
 
 def test_failure_message_names_the_pod_and_the_fix() -> None:

@@ -1,0 +1,223 @@
+"""Invalid job specs and what each must be refused with: one table for two tiers.
+
+The unit tier checks that the API models (what `kube-ddp render` uses) refuse each spec with a
+line naming the field and the fix; the cluster tier sends the same specs to the real API server
+(server-side dry run) and checks that it refuses them too, with the same words for every
+cross-field rule. A CEL typo cannot hide behind a correct Python check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kube_ddp import names
+
+
+@dataclass(frozen=True)
+class Rejection:
+    id: str
+    spec: dict[str, Any]
+    problem: str  # how render's line starts: the field path, then what is wrong
+    # What the API server's message contains; None: the same words as render's (the message of
+    # a cross-field rule, after the field path), which the server must then say too.
+    server: str | None = None
+    rule: bool = False  # a cross-field Rule (CEL on the server, Python locally)
+
+    @property
+    def server_says(self) -> str:
+        return self.server if self.server is not None else self.problem.split(": ", 1)[1]
+
+
+REJECTIONS = [
+    Rejection(
+        "no nodes", {}, "spec.nodes: required field is missing", "spec.nodes: Required value"
+    ),
+    Rejection(
+        "zero nodes",
+        {"nodes": 0},
+        "spec.nodes: Input should be greater than or equal to 1",
+        "should be greater than or equal to 1",
+    ),
+    Rejection(
+        "nodes a string",
+        {"nodes": "two"},
+        "spec.nodes: Input should be a valid integer",
+        "must be of type integer",
+    ),
+    Rejection(
+        "unknown accelerator",
+        {"nodes": 1, "accelerator": {"type": "tpu", "perNode": 4}},
+        "spec.accelerator.type: Input should be 'nvidia', 'gaudi', 'amd' or 'cpu' (got 'tpu')",
+        'Unsupported value: "tpu"',
+    ),
+    Rejection(
+        "gpu without perNode",
+        {"nodes": 1, "accelerator": {"type": "nvidia"}},
+        "spec.accelerator: perNode is required for accelerator type nvidia: set "
+        "accelerator.perNode to the devices each worker pod gets",
+        rule=True,
+    ),
+    Rejection(
+        "unknown field",
+        {"nodes": 1, "replicas": 2},
+        "spec.replicas: unknown field: check its spelling (keys are camelCase)",
+        'unknown field "spec.replicas"',
+    ),
+    Rejection(
+        "snake_case key",
+        {"nodes": 1, "run_policy": {}},
+        "spec.run_policy: unknown field",
+        'unknown field "spec.run_policy"',
+    ),
+    Rejection(
+        "nested unknown field",
+        {"nodes": 1, "runPolicy": {"backofLimit": 2}},
+        "spec.runPolicy.backofLimit: unknown field",
+        'unknown field "spec.runPolicy.backofLimit"',
+    ),
+    Rejection(
+        "negative backoffLimit",
+        {"nodes": 1, "runPolicy": {"backoffLimit": -1}},
+        "spec.runPolicy.backoffLimit: Input should be greater than or equal to 0",
+        "should be greater than or equal to 0",
+    ),
+    Rejection(
+        "unknown cleanPodPolicy",
+        {"nodes": 1, "runPolicy": {"cleanPodPolicy": "Some"}},
+        "spec.runPolicy.cleanPodPolicy: Input should be 'Running', 'All' or 'None'",
+        'Unsupported value: "Some"',
+    ),
+    Rejection(
+        "retryable exit code out of range",
+        {"nodes": 1, "runPolicy": {"retryableExitCodes": [1, 300]}},
+        "spec.runPolicy.retryableExitCodes[1]: Input should be less than or equal to 255",
+        "should be less than or equal to 255",
+    ),
+    Rejection(
+        "reserved env",
+        {"nodes": 1, "env": [{"name": "HOME", "value": "/x"}, {"name": "WORLD_SIZE"}]},
+        "spec.env[1]: WORLD_SIZE is reserved: kube-ddp sets it on every worker (the env "
+        "contract); remove it from spec.env",
+        rule=True,
+    ),
+    Rejection(
+        "duplicate env",
+        {"nodes": 1, "env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]},
+        "spec.env: duplicate env names: A",
+        "Duplicate value",
+    ),
+    Rejection(
+        "env value and valueFrom",
+        {"nodes": 1, "env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {}}}]},
+        "spec.env[0]: set value or valueFrom, not both",
+        rule=True,
+    ),
+    Rejection(
+        "elastic min above max",
+        {"nodes": 2, "elastic": {"minNodes": 3, "maxNodes": 2}},
+        "spec.elastic: minNodes must not exceed maxNodes",
+        rule=True,
+    ),
+    Rejection(
+        "nodes outside elastic range",
+        {"nodes": 5, "elastic": {"minNodes": 1, "maxNodes": 4}},
+        "spec: nodes must lie within elastic.minNodes..elastic.maxNodes",
+        rule=True,
+    ),
+    Rejection(
+        "elastic with mpi",
+        {"nodes": 2, "launcher": "mpi", "elastic": {"minNodes": 1, "maxNodes": 2}},
+        "spec: elastic is not supported with launcher mpi: use launcher torchrun or remove elastic",
+        rule=True,
+    ),
+    Rejection(
+        "mpi settings with torchrun",
+        {"nodes": 2, "mpi": {"socketsPerNode": 2}},
+        "spec: mpi settings are only read with launcher mpi: set launcher: mpi or remove mpi",
+        rule=True,
+    ),
+    Rejection(
+        "args without command",
+        {"nodes": 1, "args": ["x"]},
+        "spec: args needs command: set command to your program, or use trainer for the "
+        "built-in entrypoint",
+        rule=True,
+    ),
+    Rejection(
+        "command and trainer",
+        {"nodes": 1, "command": ["python", "x.py"], "trainer": {"epochs": 1}},
+        "spec: set either command (your own program) or trainer (the built-in entrypoint's "
+        "options), not both",
+        rule=True,
+    ),
+    Rejection(
+        "more processes than accelerators",
+        {"nodes": 1, "accelerator": {"type": "nvidia", "perNode": 4}, "nprocPerNode": 8},
+        "spec: nprocPerNode must not exceed accelerator.perNode: one process per accelerator",
+        rule=True,
+    ),
+    Rejection(
+        "hccl on nvidia",
+        {"nodes": 1, "accelerator": {"type": "nvidia", "perNode": 4}, "backend": "hccl"},
+        "spec: backend hccl does not run on accelerator nvidia: use backend auto",
+        rule=True,
+    ),
+    Rejection(
+        "nccl on cpu",
+        {"nodes": 1, "backend": "nccl"},
+        "spec: backend nccl does not run on accelerator cpu: use backend auto",
+        rule=True,
+    ),
+    Rejection(
+        "owned label in template",
+        {"nodes": 1, "template": {"labels": {names.LABEL_ATTEMPT: "9"}}},
+        "spec.template: labels " + ", ".join(names.OWNED_LABELS) + " are set by the "
+        "operator; choose other label keys",
+        rule=True,
+    ),
+    Rejection(
+        "unknown template key",
+        {"nodes": 1, "template": {"hostNetwork": True}},
+        "spec.template.hostNetwork: unknown field",
+        'unknown field "spec.template.hostNetwork"',
+    ),
+    Rejection(
+        "accelerator device in resources.limits",
+        {"nodes": 1, "resources": {"limits": {"nvidia.com/gpu": 2}}},
+        "spec.resources: accelerator devices in resources.limits are set by the operator: use "
+        "accelerator.type and accelerator.perNode instead",
+        rule=True,
+    ),
+    Rejection(
+        "accelerator device in resources.requests",
+        {"nodes": 1, "resources": {"requests": {"habana.ai/gaudi": 1}}},
+        "spec.resources: accelerator devices in resources.requests are set by the operator: "
+        "use accelerator.type and accelerator.perNode instead",
+        rule=True,
+    ),
+    Rejection(
+        "bad quantity",
+        {"nodes": 1, "resources": {"requests": {"memory": "lots"}}},
+        "spec.resources.requests.memory",
+        "spec.resources.requests.memory",
+    ),
+    Rejection(
+        "trainer option unknown",
+        {"nodes": 1, "trainer": {"epoch": 3}},
+        "spec.trainer.epoch: unknown field",
+        'unknown field "spec.trainer.epoch"',
+    ),
+    Rejection(
+        "trainer option invalid",
+        {"nodes": 1, "trainer": {"targetAccuracy": 1.5}},
+        "spec.trainer.targetAccuracy: Input should be less than or equal to 1",
+        "should be less than or equal to 1",
+    ),
+    Rejection(
+        "trainer dataset unknown",
+        {"nodes": 1, "trainer": {"dataset": "imagenet"}},
+        "spec.trainer.dataset: Input should be 'mnist', 'fashion-mnist'",
+        'Unsupported value: "imagenet"',
+    ),
+]
