@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import subprocess
 import sys
 import time
@@ -19,15 +19,11 @@ T = TypeVar("T")
 
 
 def load_dev_cluster() -> ModuleType:
-    """hack/dev-cluster.py as a module (its file name is not importable), loaded once."""
-    if "dev_cluster" not in sys.modules:
-        path = REPO / "hack" / "dev-cluster.py"
-        spec = importlib.util.spec_from_file_location("dev_cluster", path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["dev_cluster"] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return sys.modules["dev_cluster"]
+    """hack/devcluster, the package behind hack/dev-cluster.py (hack/ is not a package)."""
+    hack = str(REPO / "hack")
+    if hack not in sys.path:
+        sys.path.insert(0, hack)
+    return importlib.import_module("devcluster")
 
 
 @dataclass(frozen=True)

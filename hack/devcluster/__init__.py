@@ -1,0 +1,45 @@
+"""A real Kubernetes cluster on 127.0.0.1, built from published Go modules (standard library
+only, plus `go` for a cold build and `openssl` for certificates). hack/README.md and
+docs/dev-cluster.md describe it.
+
+| module | one job |
+| --- | --- |
+| paths | where the repository, the binary cache and the cluster's state are |
+| build | the pinned Go-module builds |
+| pki | certificates and kubeconfig files |
+| processes | spawning, recording, stopping and waiting for processes |
+| controlplane | etcd, apiserver, controller manager, scheduler, kwok: `up`, `down` |
+| cli | `hack/dev-cluster.py build|up|down|status` |
+
+What tests and benchmarks use is re-exported here.
+"""
+
+from devcluster.build import KUBERNETES_VERSION, binaries_ready, binary, build_all
+from devcluster.controlplane import (
+    down,
+    free_port,
+    read_state,
+    restart_apiserver,
+    running_state,
+    up,
+)
+from devcluster.paths import CACHE_DIR, KUBECONFIG, PKI, STATE_DIR, BuildError, ClusterError
+
+__all__ = [
+    "CACHE_DIR",
+    "KUBECONFIG",
+    "KUBERNETES_VERSION",
+    "PKI",
+    "STATE_DIR",
+    "BuildError",
+    "ClusterError",
+    "binaries_ready",
+    "binary",
+    "build_all",
+    "down",
+    "free_port",
+    "read_state",
+    "restart_apiserver",
+    "running_state",
+    "up",
+]

@@ -1,0 +1,265 @@
+"""Build the pinned upstream binaries from their published Go modules, into the cache.
+
+Each component is a throwaway wrapper module (`go mod init`, `go get <main packages>@<version>`)
+built with `go build -trimpath`; binaries land in CACHE_DIR/bin/<name>-<version>/ with the
+recipe that made them, renamed into place atomically, one build at a time (a file lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from devcluster.paths import CACHE_DIR, BuildError, log
+
+KUBERNETES_VERSION = "v1.36.3"
+ETCD_VERSION = "v3.6.16"
+KWOK_VERSION = "v0.8.0"
+HELM_VERSION = "v3.22.0"
+COREDNS_VERSION = "v1.15.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class GoBuild:
+    """One wrapper module that builds some main packages of one upstream module version."""
+
+    name: str
+    module: str
+    version: str
+    packages: dict[str, str]  # binary name -> main package
+    ldflags: tuple[str, ...] = ()
+    staging_replaces: bool = False  # k8s.io/kubernetes needs its staging modules pinned
+    module_files: tuple[str, ...] = ()  # copied from the module next to the binaries
+
+    @property
+    def bin_dir(self) -> Path:
+        return CACHE_DIR / "bin" / f"{self.name}-{self.version}"
+
+    @property
+    def work_dir(self) -> Path:
+        return CACHE_DIR / "build" / f"{self.name}-{self.version}"
+
+    @property
+    def recipe(self) -> str:
+        """Written next to the binaries: a changed recipe (flags, say) means a rebuild."""
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    def is_built(self) -> bool:
+        wanted = [*self.packages, *(Path(f).name for f in self.module_files)]
+        try:
+            same_recipe = (self.bin_dir / "recipe.json").read_text() == self.recipe
+        except OSError:
+            return False
+        return same_recipe and all((self.bin_dir / name).is_file() for name in wanted)
+
+
+def _kubernetes_ldflags(version: str) -> tuple[str, ...]:
+    # Module zips carry the placeholder version "v0.0.0-master+$Format:%H$"; stamp the real one
+    # so /version, `kubectl version` and Helm's .Capabilities.KubeVersion are right.
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={version}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.gitCommit=",  # the module zip does not say which commit it is
+            f"-X {pkg}.buildDate=1970-01-01T00:00:00Z",
+        ]
+    return tuple(flags)
+
+
+BUILDS = (
+    GoBuild(
+        name="kubernetes",
+        module="k8s.io/kubernetes",
+        version=KUBERNETES_VERSION,
+        packages={
+            binary: f"k8s.io/kubernetes/cmd/{binary}"
+            for binary in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+        },
+        ldflags=_kubernetes_ldflags(KUBERNETES_VERSION),
+        staging_replaces=True,
+    ),
+    # A build of its own, so that clones without the real node keep their cached control plane.
+    GoBuild(
+        name="kubelet",
+        module="k8s.io/kubernetes",
+        version=KUBERNETES_VERSION,
+        packages={"kubelet": "k8s.io/kubernetes/cmd/kubelet"},
+        ldflags=_kubernetes_ldflags(KUBERNETES_VERSION),
+        staging_replaces=True,
+    ),
+    GoBuild(
+        name="etcd",
+        module="go.etcd.io/etcd/server/v3",
+        version=ETCD_VERSION,
+        packages={"etcd": "go.etcd.io/etcd/server/v3"},
+    ),
+    GoBuild(
+        name="kwok",
+        module="sigs.k8s.io/kwok",
+        version=KWOK_VERSION,
+        packages={"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
+        ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION.lstrip('v')}",),
+        # The standalone kwok has no built-in stages; keep upstream's defaults with the binary.
+        module_files=tuple(
+            f"kustomize/stage/{stage}.yaml"
+            for stage in (
+                "node/fast/node-initialize",
+                "node/heartbeat-with-lease/node-heartbeat-with-lease",
+                "pod/fast/pod-ready",
+                "pod/fast/pod-delete",
+            )
+        ),
+    ),
+    GoBuild(
+        name="helm",
+        module="helm.sh/helm/v3",
+        version=HELM_VERSION,
+        packages={"helm": "helm.sh/helm/v3/cmd/helm"},
+        ldflags=(f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",),
+    ),
+    GoBuild(
+        name="coredns",  # the real node's cluster DNS
+        module="github.com/coredns/coredns",
+        version=COREDNS_VERSION,
+        packages={"coredns": "github.com/coredns/coredns"},
+    ),
+)
+
+
+def binary(name: str) -> Path:
+    for build in BUILDS:
+        if name in build.packages:
+            return build.bin_dir / name
+    raise KeyError(name)
+
+
+def go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        GOTOOLCHAIN="local",  # fail clearly instead of downloading another toolchain
+        CGO_ENABLED="0",
+        GOFLAGS="-modcacherw -buildvcs=false",  # a read-write module cache can be rm -rf'ed
+        GOMODCACHE=str(CACHE_DIR / "go" / "mod"),
+        GOCACHE=str(CACHE_DIR / "go" / "build-cache"),
+        GOTMPDIR=str(CACHE_DIR / "go" / "tmp"),  # go build's scratch space, /tmp may be small
+        GOWORK="off",
+    )
+    return env
+
+
+def _lower_priority() -> None:
+    os.nice(10)  # the machine has 2 cores shared with everything else
+
+
+def go(args: list[str], cwd: Path) -> str:
+    result = subprocess.run(
+        ["go", *args],
+        cwd=cwd,
+        env=go_env(),
+        capture_output=True,
+        text=True,
+        preexec_fn=_lower_priority,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise BuildError(f"go {' '.join(args)} failed in {cwd}:\n{result.stderr[-4000:]}")
+    return result.stdout
+
+
+def staging_replaces(build: GoBuild) -> tuple[list[str], list[str]]:
+    """The replace lines and godebug lines that k8s.io/kubernetes' own go.mod implies.
+
+    k/k requires each staging module at the fake v0.0.0 and maps it to ./staging/src/...; a
+    wrapper module must instead pin each one to its published v0.<minor>.<patch> tag.
+    """
+    module = f"{build.module}@{build.version}"
+    info = json.loads(go(["mod", "download", "-json", module], CACHE_DIR))
+    staging_version = "v0." + build.version.split(".", 1)[1]
+    replaces, godebugs = [], []
+    for line in Path(info["GoMod"]).read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[1] == "=>" and fields[2].startswith("./staging/src/"):
+            replaces.append(f"{fields[0]}={fields[0]}@{staging_version}")
+        elif fields[:1] == ["godebug"] and len(fields) == 2:
+            godebugs.append(fields[1])
+    if not replaces:
+        raise BuildError(f"no staging replace lines found in {info['GoMod']}")
+    return replaces, godebugs
+
+
+def go_binary_name(package: str) -> str:
+    """The file name `go build -o dir/` gives a main package: a /vN suffix does not count."""
+    parts = package.split("/")
+    return parts[-2] if re.fullmatch(r"v[0-9]+", parts[-1]) else parts[-1]
+
+
+def build_one(build: GoBuild) -> None:
+    if build.is_built():
+        return
+    start = time.monotonic()
+    log(f"building {build.name} {build.version} (minutes with a cold Go cache)")
+    shutil.rmtree(build.work_dir, ignore_errors=True)
+    build.work_dir.mkdir(parents=True)
+    for leftover in build.bin_dir.parent.glob(f".{build.name}-*"):  # from an interrupted build
+        shutil.rmtree(leftover)
+    go(["mod", "init", "local.invalid/kube-ddp-dev-cluster"], build.work_dir)
+    if build.staging_replaces:
+        replaces, godebugs = staging_replaces(build)
+        go(["mod", "edit", *(f"-replace={r}" for r in replaces)], build.work_dir)
+        go(["mod", "edit", *(f"-godebug={g}" for g in godebugs)], build.work_dir)
+    go(["get", *(f"{pkg}@{build.version}" for pkg in build.packages.values())], build.work_dir)
+    out_dir = Path(tempfile.mkdtemp(prefix=f".{build.name}-", dir=build.bin_dir.parent))
+    out_dir.chmod(0o755)  # mkdtemp makes it private
+    ldflags = " ".join(("-s", "-w", *build.ldflags))
+    build_flags = ["-trimpath", "-p", "2", "-ldflags", ldflags, "-o", f"{out_dir}/"]
+    go(["build", *build_flags, *build.packages.values()], build.work_dir)
+    for name, package in build.packages.items():
+        produced = out_dir / go_binary_name(package)
+        if produced != out_dir / name:
+            produced.rename(out_dir / name)
+    if build.module_files:
+        module_dir = go(["list", "-m", "-f", "{{.Dir}}", build.module], build.work_dir).strip()
+        for file in build.module_files:
+            shutil.copy(Path(module_dir) / file, out_dir / Path(file).name)
+    (out_dir / "recipe.json").write_text(build.recipe)
+    shutil.rmtree(build.bin_dir, ignore_errors=True)
+    out_dir.rename(build.bin_dir)  # atomic: a half-built directory never looks warm
+    log(f"built {build.name} {build.version} in {time.monotonic() - start:.0f} s")
+
+
+@contextlib.contextmanager
+def cache_lock() -> Iterator[None]:
+    """Serialise builds: a test session and `make cluster-up` may race for a cold cache."""
+    (CACHE_DIR / "bin").mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def binaries_ready() -> bool:
+    return all(build.is_built() for build in BUILDS)
+
+
+def build_all() -> None:
+    if binaries_ready():
+        return
+    if shutil.which("go") is None:
+        raise BuildError("the Go toolchain (`go`) is not on PATH; it is needed for a cold build")
+    with cache_lock():
+        (CACHE_DIR / "go" / "tmp").mkdir(parents=True, exist_ok=True)
+        for build in BUILDS:
+            build_one(build)

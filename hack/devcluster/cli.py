@@ -1,0 +1,76 @@
+"""`hack/dev-cluster.py build|up|down|status`: the command line."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from devcluster import controlplane
+from devcluster.build import BUILDS, build_all
+from devcluster.paths import KUBECONFIG, STATE_DIR, BuildError, ClusterError, log
+
+
+def cmd_build(_: argparse.Namespace) -> int:
+    build_all()
+    for build in BUILDS:
+        print(f"{build.name} {build.version}: {build.bin_dir}")
+    return 0
+
+
+def cmd_up(_: argparse.Namespace) -> int:
+    state = controlplane.up()
+    print(f"cluster running at {state['server']}")
+    print(f"  export KUBECONFIG={KUBECONFIG}")
+    print(f"  export PATH={STATE_DIR / 'bin'}:$PATH")
+    return 0
+
+
+def cmd_down(_: argparse.Namespace) -> int:
+    print("cluster stopped" if controlplane.down() else "cluster was not running")
+    return 0
+
+
+def resident_mib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+def cmd_status(_: argparse.Namespace) -> int:
+    state = controlplane.read_state()
+    if not state:
+        print("cluster is not running")
+        return 1
+    print(f"server {state['server']}  kubeconfig {state['kubeconfig']}  owner {state['owner']}")
+    all_alive, total_mib = True, 0
+    for component in state["components"]:
+        alive = controlplane.is_alive(component)
+        all_alive &= alive
+        total_mib += resident_mib(component["pid"]) if alive else 0
+        word = f"running, {resident_mib(component['pid'])} MiB resident" if alive else "DEAD"
+        print(f"  {component['name']:<24} pid {component['pid']:<8} {word}")
+    print(f"  {'total':<37} {total_mib} MiB resident")
+    if not all_alive:
+        print("some components are dead: `up` cleans up and starts afresh")
+    return 0 if all_alive else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        prog="dev-cluster.py", description="A real Kubernetes cluster on 127.0.0.1 for kube-ddp."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, func, help_text in (
+        ("build", cmd_build, "build the pinned binaries into the cache (no-op when warm)"),
+        ("up", cmd_up, "start the cluster (no-op when it runs)"),
+        ("down", cmd_down, "stop the processes `up` started"),
+        ("status", cmd_status, "say what runs"),
+    ):
+        commands.add_parser(name, help=help_text).set_defaults(func=func)
+    args = parser.parse_args()
+    try:
+        return int(args.func(args))
+    except (BuildError, ClusterError) as error:
+        log(str(error))
+        return 1

@@ -1,0 +1,334 @@
+"""The control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
+with its fake nodes, as processes on 127.0.0.1 on free ports; `up`, `down` and what they
+record in .cluster/state.json. The real node (`devcluster.node`) is added on top."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import json
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any, TypedDict
+
+from devcluster.build import binary, build_all
+from devcluster.paths import (
+    HACK,
+    KUBECONFIG,
+    LOGS,
+    PKI,
+    RUN,
+    STATE_DIR,
+    STATE_FILE,
+    ClusterError,
+    log,
+)
+from devcluster.pki import make_pki, write_kubeconfig
+from devcluster.processes import (
+    Component,
+    http_get,
+    is_alive,
+    is_healthy,
+    spawn,
+    stop_component,
+    tls_context,
+    wait_until,
+)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def component_commands(ports: dict[str, int]) -> dict[str, list[str]]:
+    """The command line of each component, in start order."""
+    etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+    peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
+    kwok_stages = RUN / "kwok-stages.yaml"
+
+    def delegated_auth(name: str) -> list[str]:
+        kubeconfig = str(RUN / f"{name}.kubeconfig")
+        return [
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports[name]}",
+            f"--cert-dir={RUN / name}",
+            "--leader-elect=false",
+            # No front proxy here: do not look up its CA (it only logs errors when missing).
+            "--authentication-skip-lookup=true",
+        ]
+
+    return {
+        "etcd": [
+            str(binary("etcd")),
+            "--name=kube-ddp-dev",
+            f"--data-dir={STATE_DIR / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=kube-ddp-dev={peer_url}",
+            "--unsafe-no-fsync",  # throwaway data: no need to wait for the disk
+            "--log-level=warn",
+        ],
+        "kube-apiserver": [
+            str(binary("kube-apiserver")),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports['kube-apiserver']}",
+            # Loopback only; "none" because the endpoints reconciler rejects loopback addresses.
+            "--advertise-address=127.0.0.1",
+            "--endpoint-reconciler-type=none",
+            f"--tls-cert-file={PKI / 'apiserver.crt'}",
+            f"--tls-private-key-file={PKI / 'apiserver.key'}",
+            f"--client-ca-file={PKI / 'ca.crt'}",
+            f"--cert-dir={RUN / 'kube-apiserver'}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={PKI / 'sa.pub'}",
+            f"--service-account-signing-key-file={PKI / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--allow-privileged=true",
+            "--enable-priority-and-fairness=false",  # lighter; no tenants to protect here
+            "--profiling=false",
+        ],
+        "kube-controller-manager": [
+            str(binary("kube-controller-manager")),
+            *delegated_auth("kube-controller-manager"),
+            "--controllers=*",  # garbage collector, namespace, serviceaccount(-token), job, ...
+            "--use-service-account-credentials=true",  # each controller its own identity
+            f"--root-ca-file={PKI / 'ca.crt'}",
+            f"--service-account-private-key-file={PKI / 'sa.key'}",
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
+            "--profiling=false",
+        ],
+        "kube-scheduler": [
+            str(binary("kube-scheduler")),
+            *delegated_auth("kube-scheduler"),
+            "--profiling=false",
+        ],
+        "kwok": [
+            str(binary("kwok")),
+            f"--kubeconfig={RUN / 'kwok.kubeconfig'}",
+            f"--config={kwok_stages}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            "--cidr=10.244.0.0/16",  # fake pod IPs: nothing routes to them
+            "--node-ip=10.0.0.1",
+            f"--server-address=127.0.0.1:{ports['kwok']}",
+            "--node-lease-duration-seconds=40",  # kwok renews node leases: nodes stay Ready
+        ],
+    }
+
+
+class State(TypedDict):
+    """What .cluster/state.json records about a running cluster."""
+
+    owner: str  # "cli" or "pytest": a test session stops only a cluster a test session started
+    server: str
+    kubeconfig: str
+    ports: dict[str, int]
+    components: list[Component]
+
+
+def read_state() -> State | None:
+    try:
+        state: State = json.loads(STATE_FILE.read_text())
+    except (OSError, ValueError):
+        return None
+    return state
+
+
+def running_state() -> State | None:
+    """The recorded state when every recorded process still runs, else None."""
+    state = read_state()
+    if state and state["components"] and all(is_alive(c) for c in state["components"]):
+        return state
+    return None
+
+
+def stop_processes(state: State | None, grace: float = 15.0) -> None:
+    """Stop what `up` recorded, newest first, each before the next: the apiserver shuts down
+    cleanly only while etcd still runs. SIGTERM, then SIGKILL after `grace` seconds."""
+    if not state:
+        return
+    for component in reversed(state["components"]):
+        stop_component(component, grace)
+
+
+def restart_apiserver() -> float:
+    """Stop kube-apiserver and start it again with the same flags (resilience tests); the
+    seconds it was unavailable."""
+    with state_lock():
+        state = running_state()
+        if state is None:
+            raise ClusterError("the cluster is not running")
+        component = next(c for c in state["components"] if c["name"] == "kube-apiserver")
+        started = time.monotonic()
+        stop_component(component)
+        process = spawn(component["name"], component["argv"])
+        component["pid"] = process.pid
+        STATE_FILE.write_text(json.dumps(state, indent=2))
+        check = functools.partial(is_healthy, f"{state['server']}/readyz", tls_context())
+        wait_until("kube-apiserver /readyz", check, 60, {component["name"]: process})
+        return time.monotonic() - started
+
+
+def api_json(server: str, path: str) -> Any:
+    status, body = http_get(server + path, tls_context())
+    return json.loads(body) if status == 200 else None
+
+
+def nodes_ready(server: str, expected: int) -> bool:
+    nodes = api_json(server, "/api/v1/nodes?labelSelector=type%3Dkwok")
+    if not nodes:
+        return False
+    ready = [
+        node
+        for node in nodes["items"]
+        for condition in node.get("status", {}).get("conditions", [])
+        if condition["type"] == "Ready" and condition["status"] == "True"
+    ]
+    return len(ready) == expected
+
+
+def clean_state_dir() -> None:
+    """Remove what a previous run left, keeping the lock files that coordinate users."""
+    STATE_DIR.mkdir(exist_ok=True)
+    for entry in STATE_DIR.iterdir():
+        if entry.suffix == ".lock":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+@contextlib.contextmanager
+def state_lock() -> Iterator[None]:
+    STATE_DIR.mkdir(exist_ok=True)
+    with open(STATE_DIR / "state.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def up(owner: str = "cli") -> State:
+    """Start the cluster, or return the running one's state. Idempotent."""
+    build_all()
+    with state_lock():
+        state = running_state()
+        if state:
+            return state
+        stop_processes(read_state())  # a half-dead earlier run: stop its survivors
+        clean_state_dir()
+        return start_cluster(owner)
+
+
+def start_cluster(owner: str) -> State:
+    started = time.monotonic()
+    for directory in (RUN, LOGS, STATE_DIR / "bin"):
+        directory.mkdir(parents=True)
+    make_pki(PKI)
+    names = ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+    ports = {name: free_port() for name in (*names, "kwok")}
+    server = f"https://127.0.0.1:{ports['kube-apiserver']}"
+    write_kubeconfig(KUBECONFIG, server, "admin")
+    for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
+        write_kubeconfig(RUN / f"{name}.kubeconfig", server, name)
+    stage_files = [*sorted(binary("kwok").parent.glob("*.yaml")), HACK / "kwok-stages.yaml"]
+    (RUN / "kwok-stages.yaml").write_text("\n---\n".join(f.read_text() for f in stage_files))
+    for tool in ("kubectl", "helm"):
+        (STATE_DIR / "bin" / tool).symlink_to(binary(tool))
+
+    commands = component_commands(ports)
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    state: State = {
+        "owner": owner,
+        "server": server,
+        "kubeconfig": str(KUBECONFIG),
+        "ports": ports,
+        "components": [],
+    }
+
+    def start(name: str) -> None:
+        processes[name] = spawn(name, commands[name])
+        # Record each process at once, so a failed start can still be cleaned up.
+        state["components"].append(
+            {"name": name, "pid": processes[name].pid, "argv": commands[name]}
+        )
+        STATE_FILE.write_text(json.dumps(state, indent=2))
+
+    try:
+        start("etcd")
+        etcd_health = f"http://127.0.0.1:{ports['etcd']}/health"
+        wait_until("etcd", functools.partial(is_healthy, etcd_health), 30, processes)
+        start("kube-apiserver")
+        check = functools.partial(is_healthy, f"{server}/readyz", tls_context())
+        wait_until("kube-apiserver /readyz", check, 60, processes)
+        kubectl("create", "-f", str(HACK / "nodes.yaml"))
+        for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
+            start(name)
+        unverified = tls_context(verify=False)
+        health = {
+            "kube-controller-manager": (
+                f"https://127.0.0.1:{ports['kube-controller-manager']}",
+                unverified,
+            ),
+            "kube-scheduler": (f"https://127.0.0.1:{ports['kube-scheduler']}", unverified),
+            "kwok": (f"http://127.0.0.1:{ports['kwok']}", None),
+        }
+        for name, (base_url, context) in health.items():
+            check = functools.partial(is_healthy, f"{base_url}/healthz", context)
+            wait_until(name, check, 60, {name: processes[name]})
+        expected_nodes = (HACK / "nodes.yaml").read_text().count("\nkind: Node")
+        wait_until(
+            f"{expected_nodes} Ready nodes",
+            lambda: nodes_ready(server, expected_nodes),
+            60,
+            processes,
+        )
+        # The serviceaccount controller has caught up once `default` has its ServiceAccount:
+        # before that, pods are refused admission.
+        wait_until(
+            "the default ServiceAccount",
+            lambda: api_json(server, "/api/v1/namespaces/default/serviceaccounts/default"),
+            60,
+            processes,
+        )
+    except BaseException:
+        stop_processes(state)
+        raise
+    log(f"cluster ready in {time.monotonic() - started:.1f} s: {server}")
+    return state
+
+
+def kubectl(*args: str) -> str:
+    result = subprocess.run(
+        [str(binary("kubectl")), f"--kubeconfig={KUBECONFIG}", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def down() -> bool:
+    """Stop what `up` started; True when something was running."""
+    with state_lock():
+        state = read_state()
+        was_running = bool(state and any(is_alive(c) for c in state["components"]))
+        stop_processes(state)
+        with contextlib.suppress(FileNotFoundError):
+            STATE_FILE.unlink()
+    return was_running

@@ -1,0 +1,121 @@
+"""Processes the cluster starts: spawned in their own session with a log each, recorded by pid
+and full command line, and stopped only when both still match (pids get reused); plus the
+polling and HTTP health checks that wait for them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypedDict
+
+from devcluster.paths import LOGS, PKI, ClusterError, log
+
+
+def process_matches(pid: int, argv: list[str]) -> bool:
+    """True while `pid` is alive and still runs exactly `argv` (pids get reused)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return cmdline.split(b"\0")[:-1] == [arg.encode() for arg in argv]
+
+
+class Component(TypedDict):
+    name: str
+    pid: int
+    argv: list[str]
+
+
+def is_alive(component: Component) -> bool:
+    return process_matches(component["pid"], component["argv"])
+
+
+def stop_component(component: Component, grace: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds."""
+    if not is_alive(component):
+        return
+    os.kill(component["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while is_alive(component) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        reap(component["pid"])
+    if is_alive(component):
+        log(f"{component['name']} ignored SIGTERM for {grace:.0f} s; killing it")
+        os.kill(component["pid"], signal.SIGKILL)
+    reap(component["pid"])
+
+
+def spawn(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    """Start one component in its own session, its output appended to its log."""
+    with open(LOGS / f"{name}.log", "ab") as log_file:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives `up`, and a ^C in the terminal
+        )
+
+
+def reap(pid: int) -> None:
+    # When `up` ran in this very process (the pytest fixture), its children linger as zombies.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def tls_context(*, verify: bool = True) -> ssl.SSLContext:
+    if not verify:  # the controller manager and scheduler serve self-signed health endpoints
+        return ssl._create_unverified_context()
+    context = ssl.create_default_context(cafile=str(PKI / "ca.crt"))
+    context.load_cert_chain(PKI / "admin.crt", PKI / "admin.key")
+    return context
+
+
+def http_get(url: str, context: ssl.SSLContext | None = None) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
+            return int(response.status), bytes(response.read())
+    except urllib.error.HTTPError as error:
+        return int(error.code), b""
+    except (OSError, ssl.SSLError):
+        return 0, b""
+
+
+def wait_until(
+    what: str,
+    ready: Callable[[], object],
+    timeout: float,
+    watch: dict[str, subprocess.Popen[bytes]],
+) -> None:
+    """Poll `ready()` until it is true; fail early when a watched process exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        for name, process in watch.items():
+            if process.poll() is not None:
+                raise ClusterError(
+                    f"{name} exited with {process.returncode} while waiting for {what}:\n"
+                    + tail(LOGS / f"{name}.log")
+                )
+        time.sleep(0.1)
+    raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}; logs: {LOGS}")
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def is_healthy(url: str, context: ssl.SSLContext | None = None) -> bool:
+    return http_get(url, context)[0] == 200
