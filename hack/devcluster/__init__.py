@@ -9,14 +9,17 @@ docs/dev-cluster.md describe it.
 | pki | certificates and kubeconfig files |
 | processes | spawning, recording, stopping and waiting for processes |
 | controlplane | etcd, apiserver, controller manager, scheduler, kwok: `up`, `down` |
+| node | the real node: containerd, CNI, kubelet, CoreDNS; `up`, `down` |
+| images | the real node's images, made here |
+| host | what the real node changes on the host, recorded and put back |
 | cli | `hack/dev-cluster.py build|up|down|status` |
 
 What tests and benchmarks use is re-exported here.
 """
 
+from devcluster import controlplane, node
 from devcluster.build import KUBERNETES_VERSION, binaries_ready, binary, build_all
 from devcluster.controlplane import (
-    down,
     free_port,
     read_state,
     restart_apiserver,
@@ -24,6 +27,14 @@ from devcluster.controlplane import (
     up,
 )
 from devcluster.paths import CACHE_DIR, KUBECONFIG, PKI, STATE_DIR, BuildError, ClusterError
+
+
+def down() -> bool:
+    """Stop this clone's real node (putting the host back), then the control plane; True when
+    something was running."""
+    had_node = node.down()
+    return controlplane.down() or had_node
+
 
 __all__ = [
     "CACHE_DIR",

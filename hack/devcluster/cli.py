@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from devcluster import controlplane
+import devcluster
+from devcluster import controlplane, node
 from devcluster.build import BUILDS, build_all
 from devcluster.paths import KUBECONFIG, STATE_DIR, BuildError, ClusterError, log
+from devcluster.processes import is_alive
 
 
 def cmd_build(_: argparse.Namespace) -> int:
@@ -19,14 +21,19 @@ def cmd_build(_: argparse.Namespace) -> int:
 
 def cmd_up(_: argparse.Namespace) -> int:
     state = controlplane.up()
+    if node.enabled():
+        node.up()
     print(f"cluster running at {state['server']}")
+    if node.is_up():
+        print(f"  real node {node.NODE_NAME}: pods need nodeSelector {'='.join(node.NODE_LABEL)}")
+        print(f"  and a toleration of {node.NODE_TAINT}; logs in {node.NODE_DIR / 'logs'}")
     print(f"  export KUBECONFIG={KUBECONFIG}")
     print(f"  export PATH={STATE_DIR / 'bin'}:$PATH")
     return 0
 
 
 def cmd_down(_: argparse.Namespace) -> int:
-    print("cluster stopped" if controlplane.down() else "cluster was not running")
+    print("cluster stopped" if devcluster.down() else "cluster was not running")
     return 0
 
 
@@ -45,11 +52,19 @@ def cmd_status(_: argparse.Namespace) -> int:
     print(f"server {state['server']}  kubeconfig {state['kubeconfig']}  owner {state['owner']}")
     all_alive, total_mib = True, 0
     for component in state["components"]:
-        alive = controlplane.is_alive(component)
+        alive = is_alive(component)
         all_alive &= alive
         total_mib += resident_mib(component["pid"]) if alive else 0
         word = f"running, {resident_mib(component['pid'])} MiB resident" if alive else "DEAD"
         print(f"  {component['name']:<24} pid {component['pid']:<8} {word}")
+    record = node.read_record()
+    if record and record["repo"] == node.THIS_CLONE:
+        for component in record["components"]:
+            alive = is_alive(component)
+            all_alive &= alive
+            total_mib += resident_mib(component["pid"]) if alive else 0
+            word = f"running, {resident_mib(component['pid'])} MiB resident" if alive else "DEAD"
+            print(f"  node {component['name']:<19} pid {component['pid']:<8} {word}")
     print(f"  {'total':<37} {total_mib} MiB resident")
     if not all_alive:
         print("some components are dead: `up` cleans up and starts afresh")

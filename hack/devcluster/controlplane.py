@@ -92,6 +92,9 @@ def component_commands(ports: dict[str, int]) -> dict[str, list[str]]:
             f"--client-ca-file={PKI / 'ca.crt'}",
             f"--cert-dir={RUN / 'kube-apiserver'}",
             "--authorization-mode=RBAC",
+            # The real node's kubelet is reached at its address (for logs, exec): its name
+            # resolves nowhere.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={PKI / 'sa.pub'}",
             f"--service-account-signing-key-file={PKI / 'sa.key'}",

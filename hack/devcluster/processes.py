@@ -54,14 +54,20 @@ def stop_component(component: Component, grace: float = 15.0) -> None:
 
 
 def spawn(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-    """Start one component in its own session, its output appended to its log."""
-    with open(LOGS / f"{name}.log", "ab") as log_file:
+    """Start one component in its own session, its output appended to LOGS/<name>.log."""
+    return spawn_to(LOGS / f"{name}.log", argv)
+
+
+def spawn_to(log_path: Path, argv: list[str]) -> subprocess.Popen[bytes]:
+    """Start `argv` in its own session (it outlives `up`, and a ^C in the terminal), its output
+    appended to `log_path`."""
+    with open(log_path, "ab") as log_file:
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # outlives `up`, and a ^C in the terminal
+            start_new_session=True,
         )
 
 
@@ -94,8 +100,10 @@ def wait_until(
     ready: Callable[[], object],
     timeout: float,
     watch: dict[str, subprocess.Popen[bytes]],
+    logs: Path = LOGS,
 ) -> None:
-    """Poll `ready()` until it is true; fail early when a watched process exits."""
+    """Poll `ready()` until it is true; fail early when a watched process exits (with the end
+    of its log, logs/<name>.log)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if ready():
@@ -104,10 +112,10 @@ def wait_until(
             if process.poll() is not None:
                 raise ClusterError(
                     f"{name} exited with {process.returncode} while waiting for {what}:\n"
-                    + tail(LOGS / f"{name}.log")
+                    + tail(logs / f"{name}.log")
                 )
         time.sleep(0.1)
-    raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}; logs: {LOGS}")
+    raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}; logs: {logs}")
 
 
 def tail(path: Path, lines: int = 20) -> str:

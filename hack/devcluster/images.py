@@ -1,0 +1,155 @@
+"""Container images for the real node, made here: nothing can be pulled on our machines.
+
+- `localhost/pause:local`: the pod sandbox, a static build of pause.c (next to this file).
+- `localhost/hostusr:local`: an almost empty root file system whose /bin, /lib, /lib64 and
+  /sbin point into /usr, plus /etc/passwd and /etc/group. A pod that mounts the host's /usr
+  (and the Python installation and the repository, read-only) runs the project's own .venv:
+  the trainer's torch is several GB, far too heavy to build into an image on every machine.
+
+Each is written as an OCI image archive (one uncompressed layer) and imported into the node's
+containerd with `ctr images import`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from devcluster.paths import ClusterError
+
+PAUSE_IMAGE = "localhost/pause:local"
+HOST_USR_IMAGE = "localhost/hostusr:local"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HERE = Path(__file__).resolve().parent
+
+AddFiles = Callable[[tarfile.TarFile], None]
+
+
+def _entry(
+    tar: tarfile.TarFile,
+    name: str,
+    *,
+    data: bytes = b"",
+    mode: int = 0o644,
+    link: str | None = None,
+    directory: bool = False,
+) -> None:
+    info = tarfile.TarInfo(name)
+    info.mtime = 0
+    if directory:
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(info)
+    elif link is not None:
+        info.type, info.linkname, info.mode = tarfile.SYMTYPE, link, 0o777
+        tar.addfile(info)
+    else:
+        info.size, info.mode = len(data), mode
+        tar.addfile(info, io.BytesIO(data))
+
+
+def _layer(add_files: AddFiles) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        add_files(tar)
+    return buffer.getvalue()
+
+
+def write_oci_archive(name: str, add_files: AddFiles, command: list[str], out: Path) -> None:
+    """An OCI image layout archive of one layer, named `name` for `ctr images import`."""
+    layer = _layer(add_files)
+    blobs: dict[str, bytes] = {}
+
+    def blob(data: bytes, media_type: str) -> dict[str, object]:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return {"mediaType": media_type, "digest": digest, "size": len(data)}
+
+    layer_descriptor = blob(layer, "application/vnd.oci.image.layer.v1.tar")
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Cmd": command, "Env": [f"PATH={PATH}"]},
+        "rootfs": {"type": "layers", "diff_ids": [layer_descriptor["digest"]]},
+    }
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": blob(json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json"),
+        "layers": [layer_descriptor],
+    }
+    manifest_descriptor = blob(
+        json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json"
+    )
+    manifest_descriptor["annotations"] = {"io.containerd.image.name": name}
+    index = {"schemaVersion": 2, "manifests": [manifest_descriptor]}
+    with tarfile.open(out, "w") as archive:
+        _entry(archive, "oci-layout", data=b'{"imageLayoutVersion": "1.0.0"}')
+        _entry(archive, "index.json", data=json.dumps(index).encode())
+        for digest, data in blobs.items():
+            _entry(archive, f"blobs/sha256/{digest.removeprefix('sha256:')}", data=data)
+
+
+def _pause_files(binary: Path) -> AddFiles:
+    def add(tar: tarfile.TarFile) -> None:
+        _entry(tar, "pause", data=binary.read_bytes(), mode=0o755)
+
+    return add
+
+
+def _host_usr_files(tar: tarfile.TarFile) -> None:
+    for directory in ("usr", "etc", "tmp", "root", "proc", "sys", "dev", "run", "var"):
+        _entry(tar, directory, directory=True)
+    for name in ("bin", "lib", "lib64", "sbin"):  # Debian 12 is merged-usr
+        _entry(tar, name, link=f"usr/{name}")
+    _entry(
+        tar,
+        "etc/passwd",
+        data=b"root:x:0:0:root:/root:/bin/sh\nkubeddp:x:10001:10001::/tmp:/usr/sbin/nologin\n",
+    )
+    _entry(tar, "etc/group", data=b"root:x:0:\nkubeddp:x:10001:\n")
+
+
+def build_pause(work: Path) -> Path:
+    if shutil.which("gcc") is None:
+        raise ClusterError("gcc is needed to build the pod sandbox (pause) image")
+    binary = work / "pause"
+    result = subprocess.run(
+        ["gcc", "-static", "-Os", "-o", str(binary), str(HERE / "pause.c")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ClusterError(f"building pause failed: {result.stderr.strip()}")
+    return binary
+
+
+def import_images(ctr: list[str]) -> float:
+    """Build both images and import them with `ctr` (its argv prefix); the seconds it took."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kube-ddp-images-") as scratch:
+        work = Path(scratch)
+        archives = {
+            PAUSE_IMAGE: (_pause_files(build_pause(work)), ["/pause"]),
+            HOST_USR_IMAGE: (_host_usr_files, ["/bin/sh"]),
+        }
+        for name, (add_files, command) in archives.items():
+            out = work / (name.split("/")[-1].replace(":", "-") + ".tar")
+            write_oci_archive(name, add_files, command, out)
+            result = subprocess.run(
+                [*ctr, "images", "import", str(out)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if result.returncode != 0:
+                raise ClusterError(f"importing {name} failed: {result.stderr.strip()}")
+    return time.monotonic() - started
