@@ -16,13 +16,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SYNCED := $(VENV)/.synced
 
-.PHONY: help venv test lint fmt crds demo bench cluster-build cluster-up cluster-down cluster-status clean
+.PHONY: help venv test lint fmt crds manifests demo bench cluster-build cluster-up cluster-down cluster-status clean
 
 help:
 	@echo "make demo            train a 2-process DDP job on CPU (digits), no download"
 	@echo "make test            lint + all test tiers (unit, trainer, cluster)"
 	@echo "make lint            ruff, mypy, hadolint"
-	@echo "make crds            regenerate manifests/crd.yaml from the API models"
+	@echo "make crds            regenerate the CRD (manifests/ and the chart's crds/) from the API models"
+	@echo "make manifests       crds + the chart's generated files + manifests/install.yaml"
 	@echo "make bench           benchmarks (results: docs/BENCHMARKS.md)"
 	@echo "make cluster-up      start the local control plane (etcd, apiserver, kwok, ...)"
 	@echo "make cluster-down    stop it; make cluster-status shows it"
@@ -56,6 +57,12 @@ test: lint
 
 crds: venv
 	$(VENV)/bin/kube-ddp crd > manifests/crd.yaml
+	cp manifests/crd.yaml charts/kube-ddp/crds/ddptrainingjobs.kubeddp.io.yaml
+
+# Chart.yaml (version), _rules.tpl (RBAC), schema descriptions, the chart README's values table
+# and manifests/install.yaml (helm template, with the dev cluster's helm: make cluster-build).
+manifests: crds
+	$(PY) hack/chart.py write
 
 # The README's first command: a real 2-process DDP job, launched the way clusters launch it
 # (torchrun, gloo on CPU), on scikit-learn's bundled 8x8 digits, so nothing is downloaded.

@@ -1,0 +1,143 @@
+"""The operator's own RBAC rules, each with the code path that needs it: the one home of them.
+
+The Helm chart's ClusterRole (all namespaces) or Roles (one per watched namespace) are written
+from `JOB_RULES` by `make manifests` (hack/chart.py), and the leader-election Role in the
+operator's namespace from `lease_rules`. Nothing here is a wildcard, and no rule touches
+Secrets. Tests hold the list to the code: every kind the operator creates (kube.PLURALS) has
+its `create` rule, and the cluster tier runs the operator with exactly these rights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kube_ddp import names
+
+RBAC_GROUP = "rbac.authorization.k8s.io"
+MPI_GROUP = "kubeflow.org"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One PolicyRule, why the operator needs it, and the chart value that turns it off."""
+
+    api_group: str
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+    why: str
+    resource_names: tuple[str, ...] = ()
+    only_if: str | None = None  # a boolean chart value (e.g. "rbac.mpiJobs")
+
+    def policy_rule(self) -> dict[str, list[str]]:
+        rule = {
+            "apiGroups": [self.api_group],
+            "resources": list(self.resources),
+            "verbs": list(self.verbs),
+        }
+        if self.resource_names:
+            rule["resourceNames"] = list(self.resource_names)
+        return rule
+
+
+# Rights in every watched namespace (cluster-wide in all-namespaces mode).
+JOB_RULES: tuple[Rule, ...] = (
+    Rule(
+        names.GROUP,
+        (names.PLURAL,),
+        ("list", "watch"),
+        "kopf's watch of jobs (handlers.job_event)",
+    ),
+    Rule(
+        names.GROUP,
+        (names.PLURAL,),
+        ("delete",),
+        "ttlSecondsAfterFinished deletes the finished job (status DeleteJob -> Kube.delete_job)",
+    ),
+    Rule(
+        names.GROUP,
+        (f"{names.PLURAL}/status",),
+        ("patch",),
+        "the operator's status writes (Kube.patch_job_status)",
+    ),
+    Rule(
+        names.GROUP,
+        (f"{names.PLURAL}/status",),
+        ("get",),
+        "not called: the per-job reporter Role grants get and patch on the job's status, and "
+        "Kubernetes lets a Role be created only by one who holds what it grants",
+    ),
+    Rule(
+        names.GROUP,
+        (f"{names.PLURAL}/finalizers",),
+        ("update",),
+        "children carry an ownerReference with blockOwnerDeletion (kopf.adopt); the "
+        "OwnerReferencesPermissionEnforcement admission plugin, where enabled, asks for this",
+    ),
+    Rule(
+        "",
+        ("pods",),
+        ("list", "watch"),
+        "kopf's index and events of the workers (handlers.ddp_pods, handlers.pod_event)",
+    ),
+    Rule(
+        "",
+        ("pods",),
+        ("create", "delete"),
+        "worker pods: CreateWorkers -> Kube.create; group restarts, cleanPodPolicy, suspend "
+        "-> Kube.delete_pod",
+    ),
+    Rule("", ("services",), ("create",), "the headless Service of a job (builders.build_service)"),
+    Rule(
+        "",
+        ("serviceaccounts",),
+        ("create",),
+        "the reporter ServiceAccount of a job (builders.build_reporter_rbac)",
+    ),
+    Rule(
+        RBAC_GROUP,
+        ("roles", "rolebindings"),
+        ("create",),
+        "the reporter Role and RoleBinding of a job (builders.build_reporter_rbac)",
+    ),
+    Rule(
+        "",
+        ("events",),
+        ("create",),
+        "Events on a job (builders.build_event) and kopf's warnings (settings.posting)",
+    ),
+    Rule(
+        MPI_GROUP,
+        ("mpijobs",),
+        ("create",),
+        "launcher: mpi creates a Kubeflow MPIJob (builders.build_mpijob)",
+        only_if="rbac.mpiJobs",
+    ),
+)
+
+
+def lease_rules(lease_name: str) -> tuple[Rule, ...]:
+    """Rights in the operator's own namespace, for leader election (leadership.LeaseElector)."""
+    return (
+        Rule(
+            "coordination.k8s.io",
+            ("leases",),
+            ("get", "update"),
+            "read and renew (or take over) the leader Lease (LeaseElector)",
+            resource_names=(lease_name,),
+        ),
+        Rule(
+            "coordination.k8s.io",
+            ("leases",),
+            ("create",),
+            "create the Lease the first time (a create cannot be limited to one name)",
+        ),
+    )
+
+
+def job_policy_rules(mpi_jobs: bool = True) -> list[dict[str, list[str]]]:
+    """The job rules as PolicyRules, with the optional ones chosen."""
+    return [
+        rule.policy_rule()
+        for rule in JOB_RULES
+        if rule.only_if is None or (rule.only_if == "rbac.mpiJobs" and mpi_jobs)
+    ]
