@@ -16,11 +16,12 @@ from pydantic import ValidationError
 from kube_ddp import names
 from kube_ddp.api import DDPTrainingJob, describe_errors, load_job
 from kube_ddp.builders import BuildSettings, build_children
-from kube_ddp.config import OperatorConfig
+from kube_ddp.config import LeaseSettings, OperatorConfig, default_namespace
 from kube_ddp.crd import custom_resource_definition
 
 EXIT_USAGE = 2
 DEFAULTS = OperatorConfig()
+LOG_FORMATS = ("full", "json", "plain")  # kopf.LogFormat's members, lower-cased
 
 
 class InputError(Exception):
@@ -90,10 +91,30 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lease_settings(args: argparse.Namespace) -> LeaseSettings | None:
+    if not args.leader_election:
+        return None
+    try:
+        return LeaseSettings(
+            name=args.leader_election_id,
+            namespace=args.leader_election_namespace or default_namespace(),
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
+        )
+    except ValueError as error:
+        raise InputError(str(error)) from error
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
+    import asyncio
+
     import kopf
 
-    from kube_ddp import handlers  # noqa: F401  (registers the handlers with kopf)
+    from kube_ddp import (
+        handlers,  # noqa: F401  (registers the handlers with kopf)
+        serving,
+    )
 
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # where kopf's kubeconfig reader looks
@@ -102,25 +123,15 @@ def cmd_operator(args: argparse.Namespace) -> int:
         trainer_image=args.trainer_image,
         health_port=args.health_port,
         metrics_port=args.metrics_port,
-        json_logs=args.json_logs,
+        log_format=args.log_format,
         workers=args.workers,
     )
-    kopf.configure(
-        verbose=args.verbose,
-        log_format=kopf.LogFormat.JSON if config.json_logs else kopf.LogFormat.FULL,
-    )
+    lease = _lease_settings(args)
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[config.log_format.upper()])
     if not args.verbose:
         # kopf logs every successful event handler at INFO: one line per pod change.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
-    kopf.run(
-        standalone=True,  # no kopf peering (it needs a CRD of its own)
-        clusterwide=config.clusterwide,
-        namespaces=config.namespaces,
-        liveness_endpoint=liveness,
-        memo=kopf.Memo(config=config),
-    )
-    return 0
+    return asyncio.run(serving.run(config, lease, kopf.Memo(config=config)))
 
 
 def _add_trainer_image(parser: argparse.ArgumentParser) -> None:
@@ -174,7 +185,43 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULTS.metrics_port,
         help="/metrics port, 0 for none (%(default)s)",
     )
-    operator.add_argument("--json-logs", action="store_true", help="log JSON lines")
+    operator.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=DEFAULTS.log_format,
+        help="json (one object a line), plain, or full (%(default)s)",
+    )
+    operator.add_argument(
+        "--json-logs",
+        dest="log_format",
+        action="store_const",
+        const="json",
+        help="the same as --log-format=json",
+    )
+    election = operator.add_argument_group(
+        "leader election", "with several replicas, one leader acts (a coordination.k8s.io Lease)"
+    )
+    election.add_argument(
+        "--leader-election", action="store_true", help="act only while holding the Lease"
+    )
+    election.add_argument(
+        "--leader-election-id", default=LeaseSettings.name, help="the Lease's name (%(default)s)"
+    )
+    election.add_argument(
+        "--leader-election-namespace",
+        help="the Lease's namespace (default: $POD_NAMESPACE, the in-cluster one, or default)",
+    )
+    for flag, field, what in (
+        ("--lease-duration", "lease_duration", "a standby waits this long for a silent leader"),
+        ("--renew-deadline", "renew_deadline", "a leader that cannot renew this long stops"),
+        ("--retry-period", "retry_period", "between renewals and tries"),
+    ):
+        election.add_argument(
+            flag,
+            type=float,
+            default=LeaseSettings.__dataclass_fields__[field].default,
+            help=f"seconds: {what} (%(default)s)",
+        )
     operator.add_argument(
         "--workers",
         type=int,

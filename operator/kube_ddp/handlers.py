@@ -12,7 +12,7 @@ from typing import Any
 
 import kopf
 
-from kube_ddp import metrics, names
+from kube_ddp import names
 from kube_ddp.config import OperatorConfig
 from kube_ddp.controller import Controller, Key
 from kube_ddp.kube import Kube, load_credentials
@@ -39,7 +39,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # not need, since we watch fixed resources in fixed namespaces.
     settings.scanning.disabled = True
     memo.controller = Controller(config=config, kube=Kube())
-    metrics.serve(config.metrics_port, memo.controller.jobs.statuses)
 
 
 @kopf.on.cleanup()

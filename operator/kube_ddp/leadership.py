@@ -20,59 +20,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from kube_ddp.kube import ApiError, Kube
+from kube_ddp.config import LeaseSettings
+from kube_ddp.kube import ApiError, ConflictError, Kube, NotFoundError
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 LEASE_API = "/apis/coordination.k8s.io/v1"
 # Failed tries: the API server said no, or could not be reached in time.
 TRANSIENT = (ApiError, aiohttp.ClientError, OSError, TimeoutError)
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-def default_identity() -> str:
-    """Unique per process: the pod's name (the hostname in a pod) and a random suffix, so a
-    restarted container never mistakes its predecessor's Lease for its own."""
-    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-
-
-def default_namespace() -> str:
-    """$POD_NAMESPACE (the chart sets it), else the in-cluster namespace, else default."""
-    if os.environ.get("POD_NAMESPACE"):
-        return os.environ["POD_NAMESPACE"]
-    try:
-        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
-    except OSError:
-        return "default"
-
-
-@dataclass(frozen=True)
-class LeaseSettings:
-    name: str = "kube-ddp"
-    namespace: str = field(default_factory=default_namespace)
-    identity: str = field(default_factory=default_identity)
-    lease_duration: float = 15.0  # a candidate waits this long for a silent leader
-    renew_deadline: float = 10.0  # a leader that could not renew for this long stops
-    retry_period: float = 2.0  # between tries (candidates) and renewals (the leader)
-
-    def __post_init__(self) -> None:
-        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
-            raise ValueError(
-                "leader election needs 0 < retry period < renew deadline < lease duration, got "
-                f"{self.retry_period} < {self.renew_deadline} < {self.lease_duration}"
-            )
 
 
 def micro_time(moment: datetime) -> str:
@@ -149,9 +111,7 @@ class LeaseElector:
         me = self.settings.identity
         try:
             lease = await self.kube.request("GET", self.path)
-        except ApiError as error:
-            if error.status != 404:
-                raise
+        except NotFoundError:
             return await self._create(claim({}, me, self.settings.lease_duration, now))
         spec = dict(lease.get("spec") or {})
         self._observe(spec)
@@ -161,9 +121,7 @@ class LeaseElector:
         lease["spec"] = claim(spec, me, self.settings.lease_duration, now)
         try:
             updated = await self.kube.request("PUT", self.path, lease)  # resourceVersion inside
-        except ApiError as error:
-            if error.status != 409:  # 409: another candidate was faster
-                raise
+        except ConflictError:  # another candidate was faster
             self.leader = False
             return False
         self._won(updated)
@@ -180,9 +138,7 @@ class LeaseElector:
             created = await self.kube.request(
                 "POST", f"{LEASE_API}/namespaces/{self.settings.namespace}/leases", lease
             )
-        except ApiError as error:
-            if error.status != 409:
-                raise
+        except ConflictError:
             return False
         self._won(created)
         return True

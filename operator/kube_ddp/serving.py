@@ -20,7 +20,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Collection
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -28,8 +28,10 @@ from aiohttp import web
 from kopf._cogs.structs.references import Insights  # kopf==1.45.2: not exported, but stable
 from prometheus_client import Gauge
 
+from kube_ddp import metrics
+from kube_ddp.config import LeaseSettings, OperatorConfig
 from kube_ddp.kube import Kube
-from kube_ddp.leadership import LeaseElector, LeaseSettings
+from kube_ddp.leadership import LeaseElector
 
 log = logging.getLogger(__name__)
 EXIT_LOST_LEADERSHIP = 3
@@ -89,20 +91,24 @@ async def _wait_for_leadership(elector: LeaseElector) -> bool:
     return campaign.done() and not campaign.cancelled() and campaign.exception() is None
 
 
-async def run(
-    *,
-    health_port: int,
-    lease: LeaseSettings | None,
-    clusterwide: bool,
-    namespaces: Collection[str],
-    memo: kopf.Memo,
-) -> int:
+def _job_statuses(memo: kopf.Memo) -> Callable[[], list[dict[str, Any]]]:
+    """What /metrics counts by phase: the controller's jobs, none on a standby."""
+
+    def statuses() -> list[dict[str, Any]]:
+        controller = getattr(memo, "controller", None)
+        return controller.jobs.statuses() if controller is not None else []
+
+    return statuses
+
+
+async def run(config: OperatorConfig, lease: LeaseSettings | None, memo: kopf.Memo) -> int:
     """Run the operator until it is stopped (0) or loses its Lease (the process exits 3)."""
     kube = Kube() if lease is not None else None
     elector = LeaseElector(kube, lease) if kube is not None and lease is not None else None
     probes = Probes(elector)
-    runner = await probes.serve(health_port) if health_port else None
+    runner = await probes.serve(config.health_port) if config.health_port else None
     LEADER.set(0)
+    metrics.serve(config.metrics_port, _job_statuses(memo))  # standbys are scraped too
     try:
         if elector is not None:
             settings = elector.settings
@@ -119,8 +125,8 @@ async def run(
         operator = asyncio.create_task(
             kopf.operator(
                 standalone=True,  # no kopf peering: the Lease decides who acts
-                clusterwide=clusterwide,
-                namespaces=namespaces,
+                clusterwide=config.clusterwide,
+                namespaces=config.namespaces,
                 ready_flag=probes.kopf_started,
                 insights=probes.insights,
                 memo=memo,
