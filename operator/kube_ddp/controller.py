@@ -200,8 +200,11 @@ class Controller:
             kopf.adopt(children, owner=kopf.Body(cast(kopf.RawBody, body)))
             pods = [c for c in children if c["kind"] == "Pod"]
             others = [c for c in children if c["kind"] != "Pod"]
-            # Pods name the ServiceAccount, which must exist before them.
-            await asyncio.gather(*(self.kube.create(child) for child in others))
+            # In order: pods name the ServiceAccount, and the RoleBinding its Role, which must
+            # exist first (without `bind`, the API server checks the binder against the Role's
+            # rules, so an operator with least privilege gets a 404 otherwise).
+            for child in others:
+                await self.kube.create(child)
             await self._create_pods(key, pods)
         elif isinstance(action, DeletePods):
             await asyncio.gather(*(self.kube.delete_pod(namespace, pod) for pod in action.names))

@@ -19,6 +19,7 @@ from pathlib import Path
 import kubernetes
 import pytest
 
+from tests.cluster.helm_support import Helm, helm_binary
 from tests.cluster.operator_support import Jobs, OperatorProcess, running_operator
 from tests.cluster.support import Cluster, load_dev_cluster, wait_for
 
@@ -144,3 +145,10 @@ def operator(
     """`kube-ddp operator` watching the test's namespace (its log is printed on failure)."""
     with running_operator(cluster, namespace, tmp_path) as process:
         yield process
+
+
+@pytest.fixture(scope="session")
+def helm(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """The dev cluster's helm (built with the control plane), on the admin kubeconfig; its
+    cache, config and data in a temporary directory."""
+    return Helm(helm_binary(), cluster.kubeconfig, tmp_path_factory.mktemp("helm-home"))

@@ -43,6 +43,9 @@ app.kubernetes.io/part-of: kube-ddp
 {{/* Checks across values that values.schema.json cannot express. */}}
 {{- define "kube-ddp.validate" -}}
 {{- $le := .Values.leaderElection -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not $le.enabled) -}}
+{{- fail (printf "replicaCount=%v needs leaderElection.enabled=true: without the Lease every replica would act on every job" .Values.replicaCount) -}}
+{{- end -}}
 {{- if $le.enabled -}}
 {{- if not (and (lt ($le.retryPeriod | float64) ($le.renewDeadline | float64)) (lt ($le.renewDeadline | float64) ($le.leaseDuration | float64))) -}}
 {{- fail (printf "leaderElection: need retryPeriod < renewDeadline < leaseDuration, got %v < %v < %v" $le.retryPeriod $le.renewDeadline $le.leaseDuration) -}}
