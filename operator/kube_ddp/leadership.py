@@ -53,7 +53,7 @@ def claim(spec: Obj, identity: str, duration: float, now: datetime) -> Obj:
         "renewTime": stamp,
         "acquireTime": stamp if taking_over else spec.get("acquireTime", stamp),
         "leaseTransitions": int(spec.get("leaseTransitions") or 0)
-        + (1 if taking_over and spec.get("holderIdentity") else 0),
+        + (1 if taking_over and spec else 0),  # as client-go: a released Lease counts too
     }
 
 

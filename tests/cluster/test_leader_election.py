@@ -1,0 +1,174 @@
+"""Leader election on the real API server: the Lease elector itself, and two `kube-ddp
+operator` processes with the chart's ServiceAccount, of which the leader is killed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kube_ddp.config import LeaseSettings
+from kube_ddp.kube import Kube
+from kube_ddp.leadership import LeaseElector
+from tests.cluster.helm_support import CHART, TEST_IMAGE, Helm, Operator, service_account_kubeconfig
+from tests.cluster.operator_support import Jobs, job_manifest
+from tests.cluster.support import Cluster, wait_for
+
+GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
+# Short timings keep the test quick; the chart's defaults are 15 / 10 / 2 s.
+DURATION, DEADLINE, RETRY = 4.0, 3.0, 1.0
+
+
+def electors(namespace: str, name: str, *identities: str) -> list[LeaseElector]:
+    return [
+        LeaseElector(
+            Kube(),
+            LeaseSettings(
+                name=name,
+                namespace=namespace,
+                identity=identity,
+                lease_duration=DURATION,
+                renew_deadline=DEADLINE,
+                retry_period=RETRY,
+            ),
+        )
+        for identity in identities
+    ]
+
+
+def test_lease_elector(cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+
+    async def scenario() -> None:
+        a, b = electors(namespace, "lease", "a", "b")
+        c, d = electors(namespace, "race", "c", "d")
+        try:
+            assert await a.try_acquire_or_renew() is True  # creates the Lease
+            assert await b.try_acquire_or_renew() is False
+            assert b.holder == "a"
+            assert await a.try_acquire_or_renew() is True  # renews
+            # a goes silent: b takes over after the lease duration, by b's own clock.
+            started = time.monotonic()
+            await asyncio.wait_for(b.acquire(), timeout=DURATION * 3)
+            waited = time.monotonic() - started
+            assert DURATION - RETRY <= waited <= DURATION + 2 * RETRY, waited
+            assert await a.try_acquire_or_renew() is False
+            assert a.holder == "b"
+            # A clean stop releases the Lease: the next try of a standby wins at once.
+            await b.release()
+            assert await a.try_acquire_or_renew() is True
+            # Two candidates at once: exactly one wins (create, then update, each with 409).
+            assert sorted(
+                await asyncio.gather(c.try_acquire_or_renew(), d.try_acquire_or_renew())
+            ) == [
+                False,
+                True,
+            ]
+        finally:
+            for elector in (a, b, c, d):
+                await elector.kube.close()
+
+    asyncio.run(scenario())
+    lease = cluster.kubectl("get", "lease", "lease", "-n", namespace, "-o", "yaml").stdout
+    assert "holderIdentity: a" in lease and "leaseTransitions: 2" in lease
+
+
+@pytest.fixture
+def jobs_namespace(cluster: Cluster) -> Iterator[str]:
+    name = f"jobs-{uuid.uuid4().hex[:8]}"
+    cluster.core.create_namespace(
+        {"metadata": {"name": name, "labels": {"kubeddp.io/test": "true"}}}
+    )
+    wait_for(
+        lambda: (
+            cluster.core.list_namespaced_service_account(
+                name, field_selector="metadata.name=default"
+            ).items
+        ),
+        f"ServiceAccount {name}/default",
+    )
+    yield name
+    cluster.core.delete_namespace(name)
+
+
+def test_killed_leader_is_replaced_within_seconds_without_duplicates(
+    cluster: Cluster,
+    helm: Helm,
+    crd: None,
+    namespace: str,
+    jobs_namespace: str,
+    tmp_path: Path,
+) -> None:
+    release = f"kddp-{uuid.uuid4().hex[:6]}"
+    fullname = f"{release}-kube-ddp"
+    helm.run(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        *TEST_IMAGE,
+        "--set",
+        f"watchNamespaces={{{jobs_namespace}}}",
+        "--set",
+        "replicaCount=2",
+    )
+    kubeconfig = service_account_kubeconfig(cluster, namespace, fullname, tmp_path / "sa.kc")
+    args = (
+        f"--namespace={jobs_namespace}",
+        "--leader-election",
+        f"--leader-election-namespace={namespace}",
+        f"--leader-election-id={fullname}",
+        f"--lease-duration={DURATION}",
+        f"--renew-deadline={DEADLINE}",
+        f"--retry-period={RETRY}",
+    )
+    first = Operator(kubeconfig, args, tmp_path / "first.log").start()
+    second = Operator(kubeconfig, args, tmp_path / "second.log")
+    processes = [first, second]
+    try:
+        first.wait_ready("leader: watching")
+        second.start()
+        assert second.wait_ready("standby:").endswith("leads")
+
+        jobs = Jobs(cluster, jobs_namespace)
+        jobs.create(job_manifest("bar", **GPU_2X8))
+        first_pods = jobs.wait_pods("bar", 2)
+        jobs.wait_phase("bar", "Running")
+        assert "kopf" not in second.log()  # the standby has not even started kopf
+
+        first.kill()  # SIGKILL: the Lease is not released
+        killed = time.monotonic()
+        jobs.end_worker("bar-worker-1", 137)  # a retryable loss that only a leader handles
+        second.wait_ready("leader: watching", timeout=DURATION * 3)
+        takeover = time.monotonic() - killed
+        print(f"takeover after the leader's SIGKILL: {takeover:.1f} s (lease {DURATION} s)")
+        assert takeover <= DURATION + 2 * RETRY + 1
+
+        restarted = jobs.wait_pods("bar", 2, attempt=1, timeout=30)
+        assert {p.metadata.uid for p in restarted}.isdisjoint(p.metadata.uid for p in first_pods)
+        status = jobs.wait_phase("bar", "Running")
+        assert status["restarts"] == 1
+        # The killed leader comes back (as the kubelet would restart it) as a standby.
+        again = Operator(kubeconfig, args, tmp_path / "again.log").start()
+        processes.append(again)
+        again.wait_ready("standby:")
+        time.sleep(2 * RETRY)  # room for a duplicate action, if there were one
+        pods: list[Any] = jobs.pods("bar")
+        assert sorted((p.metadata.name, p.metadata.labels["kubeddp.io/attempt"]) for p in pods) == [
+            ("bar-worker-0", "1"),
+            ("bar-worker-1", "1"),
+        ]
+        assert jobs.status("bar")["restarts"] == 1
+        assert "kopf" not in again.log()
+    finally:
+        for process in processes:
+            process.stop()
+        for process in processes:
+            print(f"---- {process.log_path.name} ----\n" + process.log()[-4000:])
+        helm.run("uninstall", release, "-n", namespace)
