@@ -13,11 +13,15 @@ COPY trainer_image/ddp_trainer trainer_image/ddp_trainer
 COPY operator/pyproject.toml operator/
 COPY operator/kube_ddp operator/kube_ddp
 # The operator imports only the trainer's options model (pydantic): the trainer goes in without
-# its dependencies (numpy, torch), which the operator never runs. Then pip leaves the venv.
+# its dependencies (numpy, torch), which the operator never runs, so the operator's own
+# dependencies are read from its pyproject.toml and both packages are installed without theirs.
+# Then pip, the trainer's console script and the activate scripts leave the venv.
 RUN python3 -m venv /opt/kube-ddp \
-    && /opt/kube-ddp/bin/pip install --no-deps ./trainer_image \
-    && /opt/kube-ddp/bin/pip install ./operator \
+    && python3 -c "import tomllib; deps = tomllib.load(open('operator/pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not d.startswith('ddp-trainer')))" > /tmp/requirements.txt \
+    && /opt/kube-ddp/bin/pip install -r /tmp/requirements.txt \
+    && /opt/kube-ddp/bin/pip install --no-deps ./trainer_image ./operator \
     && /opt/kube-ddp/bin/pip uninstall --yes pip \
+    && rm /opt/kube-ddp/bin/ddp-train /opt/kube-ddp/bin/[Aa]ctivate* \
     && /opt/kube-ddp/bin/kube-ddp --help > /dev/null
 
 FROM ${PYTHON_IMAGE}
