@@ -45,19 +45,19 @@ JOB_RULES: tuple[Rule, ...] = (
         names.GROUP,
         (names.PLURAL,),
         ("list", "watch"),
-        "kopf's watch of jobs (handlers.job_event)",
+        "kopf's watch of jobs: handlers.job_event (kopf.on.event)",
     ),
     Rule(
         names.GROUP,
         (names.PLURAL,),
         ("delete",),
-        "ttlSecondsAfterFinished deletes the finished job (status DeleteJob -> Kube.delete_job)",
+        "ttlSecondsAfterFinished: Controller._act(DeleteJob) -> Kube.delete_job",
     ),
     Rule(
         names.GROUP,
         (f"{names.PLURAL}/status",),
         ("patch",),
-        "the operator's status writes (Kube.patch_job_status)",
+        "status writes: Controller._apply -> Kube.patch_job_status",
     ),
     Rule(
         names.GROUP,
@@ -77,39 +77,45 @@ JOB_RULES: tuple[Rule, ...] = (
         "",
         ("pods",),
         ("list", "watch"),
-        "kopf's index and events of the workers (handlers.ddp_pods, handlers.pod_event)",
+        "kopf's watch of the workers: handlers.ddp_pods (kopf.index), handlers.pod_event",
     ),
     Rule(
         "",
         ("pods",),
         ("create", "delete"),
-        "worker pods: CreateWorkers -> Kube.create; group restarts, cleanPodPolicy, suspend "
-        "-> Kube.delete_pod",
+        "workers: Controller._act(CreateWorkers) -> Kube.create; group restarts, "
+        "cleanPodPolicy, suspend: Controller._act(DeletePods) -> Kube.delete_pod",
     ),
-    Rule("", ("services",), ("create",), "the headless Service of a job (builders.build_service)"),
+    Rule(
+        "",
+        ("services",),
+        ("create",),
+        "Controller._act(CreateWorkers) -> Kube.create(builders.build_service)",
+    ),
     Rule(
         "",
         ("serviceaccounts",),
         ("create",),
-        "the reporter ServiceAccount of a job (builders.build_reporter_rbac)",
+        "the reporter account: Controller._act(CreateWorkers) -> Kube.create(build_reporter_rbac)",
     ),
     Rule(
         RBAC_GROUP,
         ("roles", "rolebindings"),
         ("create",),
-        "the reporter Role and RoleBinding of a job (builders.build_reporter_rbac)",
+        "the reporter Role and RoleBinding: Controller._act(CreateWorkers) -> "
+        "Kube.create(build_reporter_rbac)",
     ),
     Rule(
         "",
         ("events",),
         ("create",),
-        "Events on a job (builders.build_event) and kopf's warnings (settings.posting)",
+        "Events on jobs: Controller._apply -> Kube.create(builders.build_event); kopf's posting",
     ),
     Rule(
         MPI_GROUP,
         ("mpijobs",),
         ("create",),
-        "launcher: mpi creates a Kubeflow MPIJob (builders.build_mpijob)",
+        "launcher mpi: Controller._act(CreateWorkers) -> Kube.create(builders.build_mpijob)",
         only_if="rbac.mpiJobs",
     ),
 )

@@ -2,15 +2,15 @@
 
 {{/* The operator's rights in each watched namespace (or cluster-wide). */}}
 {{- define "kube-ddp.jobRules" -}}
-# kopf's watch of jobs (handlers.job_event)
+# kopf's watch of jobs: handlers.job_event (kopf.on.event)
 - apiGroups: ["kubeddp.io"]
   resources: ["ddptrainingjobs"]
   verbs: ["list", "watch"]
-# ttlSecondsAfterFinished deletes the finished job (status DeleteJob -> Kube.delete_job)
+# ttlSecondsAfterFinished: Controller._act(DeleteJob) -> Kube.delete_job
 - apiGroups: ["kubeddp.io"]
   resources: ["ddptrainingjobs"]
   verbs: ["delete"]
-# the operator's status writes (Kube.patch_job_status)
+# status writes: Controller._apply -> Kube.patch_job_status
 - apiGroups: ["kubeddp.io"]
   resources: ["ddptrainingjobs/status"]
   verbs: ["patch"]
@@ -24,33 +24,34 @@
 - apiGroups: ["kubeddp.io"]
   resources: ["ddptrainingjobs/finalizers"]
   verbs: ["update"]
-# kopf's index and events of the workers (handlers.ddp_pods, handlers.pod_event)
+# kopf's watch of the workers: handlers.ddp_pods (kopf.index), handlers.pod_event
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
-# worker pods: CreateWorkers -> Kube.create; group restarts, cleanPodPolicy, suspend ->
-# Kube.delete_pod
+# workers: Controller._act(CreateWorkers) -> Kube.create; group restarts, cleanPodPolicy, suspend:
+# Controller._act(DeletePods) -> Kube.delete_pod
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["create", "delete"]
-# the headless Service of a job (builders.build_service)
+# Controller._act(CreateWorkers) -> Kube.create(builders.build_service)
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["create"]
-# the reporter ServiceAccount of a job (builders.build_reporter_rbac)
+# the reporter account: Controller._act(CreateWorkers) -> Kube.create(build_reporter_rbac)
 - apiGroups: [""]
   resources: ["serviceaccounts"]
   verbs: ["create"]
-# the reporter Role and RoleBinding of a job (builders.build_reporter_rbac)
+# the reporter Role and RoleBinding: Controller._act(CreateWorkers) ->
+# Kube.create(build_reporter_rbac)
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["create"]
-# Events on a job (builders.build_event) and kopf's warnings (settings.posting)
+# Events on jobs: Controller._apply -> Kube.create(builders.build_event); kopf's posting
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
 {{- if .Values.rbac.mpiJobs }}
-# launcher: mpi creates a Kubeflow MPIJob (builders.build_mpijob)
+# launcher mpi: Controller._act(CreateWorkers) -> Kube.create(builders.build_mpijob)
 - apiGroups: ["kubeflow.org"]
   resources: ["mpijobs"]
   verbs: ["create"]
