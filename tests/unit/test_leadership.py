@@ -132,3 +132,22 @@ def test_readiness_means_watching_on_the_leader_and_following_on_a_standby() -> 
     probes.insights.ready_resources.set()
     assert probes.readiness() == (True, "leader: watching")
     assert Probes(None).readiness()[0] is False
+
+
+def test_operator_flags() -> None:
+    from kube_ddp.cli import build_parser
+
+    parse = build_parser().parse_args
+    defaults = parse(["operator"])
+    assert (defaults.log_format, defaults.leader_election) == ("full", False)
+    assert (defaults.lease_duration, defaults.renew_deadline, defaults.retry_period) == (15, 10, 2)
+    assert parse(["operator", "--json-logs"]).log_format == "json"
+    assert parse(["operator", "--log-format=plain"]).log_format == "plain"
+    with pytest.raises(SystemExit):
+        parse(["operator", "--log-format=xml"])
+    chosen = parse(["operator", "--leader-election", "--leader-election-id=x", "--retry-period=1"])
+    assert (chosen.leader_election, chosen.leader_election_id, chosen.retry_period) == (
+        True,
+        "x",
+        1.0,
+    )
