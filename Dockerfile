@@ -1,5 +1,5 @@
 # The kube-ddp operator image: the kube_ddp package and its CLI; `kube-ddp operator` runs it.
-#   buildah bud -t kube-ddp-operator .     (or docker build; docs/images.md)
+#   buildah bud -t kube-ddp-operator .     (or docker build; docs/install.md)
 # Two stages: the build stage makes a virtual environment, the final one holds only that venv
 # (no pip, no build context) on the same slim Python, run as a non-root user. It runs with a
 # read-only root filesystem: nothing is written but to /tmp (an emptyDir in the chart).

@@ -22,7 +22,6 @@ helm is the dev cluster's (hack/dev-cluster.py builds it into the cache); nothin
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -294,13 +293,10 @@ def readme(current: str, table: str) -> str:
 
 
 def helm_binary() -> Path:
-    path = REPO / "hack" / "dev-cluster.py"
-    spec = importlib.util.spec_from_file_location("dev_cluster_for_chart", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    helm = Path(module.binary("helm"))
+    sys.path.insert(0, str(REPO / "hack"))
+    from devcluster import binary
+
+    helm = Path(binary("helm"))
     if not helm.exists():
         raise SystemExit(f"{helm} is not built: run `make cluster-build` (hack/dev-cluster.py)")
     return helm
