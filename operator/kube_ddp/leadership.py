@@ -150,11 +150,11 @@ class LeaseElector:
         self._observe(dict(lease.get("spec") or {}))
         self._renewed_at = self._clock()
 
-    async def _attempt(self) -> bool:
+    async def _attempt(self, timeout: float | None = None) -> bool:
         """One try, bounded in time; errors count as a failed try."""
         try:
             return await asyncio.wait_for(
-                self.try_acquire_or_renew(), timeout=self.settings.retry_period * 2
+                self.try_acquire_or_renew(), timeout=timeout or self.settings.retry_period * 2
             )
         except TRANSIENT as error:
             log.warning("leader election: %s", error)
@@ -169,17 +169,26 @@ class LeaseElector:
                 logged = self.holder
             await asyncio.sleep(self.settings.retry_period)
 
+    def _since_renewal(self) -> float:
+        return self._clock() - (self._renewed_at or 0.0)
+
     async def hold(self) -> None:
-        """Renew until leadership is lost, then return (the caller must stop acting)."""
+        """Renew until leadership is lost, then return (the caller must stop acting).
+
+        No try outlasts the renew deadline, so the leader gives up at most `renew_deadline`
+        after its last renewal: before any candidate, which waits `lease_duration` from when
+        it saw that renewal, may take over."""
+        assert self._renewed_at is not None
+        retry, deadline = self.settings.retry_period, self.settings.renew_deadline
         while True:
-            await asyncio.sleep(self.settings.retry_period)
-            if await self._attempt():
+            await asyncio.sleep(min(retry, max(0.0, deadline - self._since_renewal())))
+            left = deadline - self._since_renewal()
+            if left > 0 and await self._attempt(timeout=min(left, retry * 2)):
                 continue
             if self.holder not in (None, self.settings.identity):
                 log.error("lost the Lease to %s", self.holder)
                 break
-            assert self._renewed_at is not None
-            if self._clock() - self._renewed_at > self.settings.renew_deadline:
+            if self._since_renewal() >= deadline:
                 log.error(
                     "could not renew the Lease for %.0f s (renew deadline)",
                     self.settings.renew_deadline,

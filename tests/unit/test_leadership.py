@@ -151,3 +151,38 @@ def test_operator_flags() -> None:
         "x",
         1.0,
     )
+
+
+@pytest.mark.parametrize("api", ["hangs", "fails"])
+def test_a_leader_that_cannot_renew_gives_up_by_its_renew_deadline(api: str) -> None:
+    """Whether the API server never answers or fails at once, hold() returns at the renew
+    deadline after the last renewal (not a retry period or a request timeout later): before
+    the lease can expire for anyone else."""
+    import asyncio
+    import time
+
+    class Unreachable:
+        async def request(self, *_: Any) -> dict[str, Any]:
+            if api == "hangs":
+                await asyncio.sleep(3600)
+            raise OSError("connection refused")
+
+    settings = LeaseSettings(
+        name="l",
+        namespace="ns",
+        identity="me",
+        lease_duration=1.0,
+        renew_deadline=0.3,
+        retry_period=0.25,
+    )
+    leader = LeaseElector(Unreachable(), settings)  # type: ignore[arg-type]
+    leader.leader, leader.holder = True, "me"
+    leader._renewed_at = time.monotonic()
+
+    async def held() -> float:
+        await asyncio.wait_for(leader.hold(), timeout=5)
+        return time.monotonic() - (leader._renewed_at or 0)
+
+    elapsed = asyncio.run(held())
+    assert 0.3 <= elapsed < 0.3 + 0.08, elapsed
+    assert leader.leader is False
