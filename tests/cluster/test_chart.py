@@ -144,6 +144,10 @@ def test_template_is_valid(helm: Helm, combination: str) -> None:
         assert mpi is (combination != "no-mpi-no-metrics-service")
     if combination == "three-replicas":
         assert deployment["spec"]["replicas"] == 3
+        (budget,) = by_kind(objects, "PodDisruptionBudget")
+        assert budget["spec"]["minAvailable"] == 1
+    else:
+        assert not by_kind(objects, "PodDisruptionBudget")
     if combination == "service-monitor":
         (monitor,) = by_kind(objects, "ServiceMonitor")
         assert monitor["metadata"]["labels"]["release"] == "prometheus"
