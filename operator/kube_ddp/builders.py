@@ -200,6 +200,9 @@ def _container(
         "env": env,
         "resources": container_resources(spec),
         "ports": [{"name": "ddp", "containerPort": spec.port, "protocol": "TCP"}],
+        # A failed worker's last log lines become its terminated state's message, which the
+        # operator copies into status.failure and the job's Event.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     mounts = list(spec.template.volume_mounts)
     if not _mounts_shm(spec):
@@ -395,6 +398,7 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
         **image_fields(spec, settings),
         "command": mpirun_command(job),
         "env": env,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     run_policy: Obj = {
         "cleanPodPolicy": policy.clean_pod_policy,

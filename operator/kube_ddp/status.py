@@ -44,6 +44,9 @@ LOST_REASONS = frozenset(
     }
 )
 RETRYABLE_EXIT_CODE = 128  # >= 128: killed by a signal (OOM killer, SIGTERM, SIGKILL, abort)
+# The kubelet's reason for a container whose cgroup ran out of memory, whatever its exit code:
+# under torchrun the OOM killer takes a rank, and torchrun itself then exits 1.
+OOM_KILLED = "OOMKilled"
 
 
 # --- what we observe ------------------------------------------------------------------------
@@ -389,6 +392,15 @@ class _WorkerFailure:
     message: str
     finished_at: str
 
+    @property
+    def lost_or_killed(self) -> bool:
+        return (
+            self.exit_code is None
+            or self.exit_code >= RETRYABLE_EXIT_CODE
+            or self.reason in LOST_REASONS
+            or self.reason == OOM_KILLED
+        )
+
     def describe(self) -> str:
         what = f"exited with code {self.exit_code}" if self.exit_code is not None else "was lost"
         detail = f" ({self.reason}{': ' + self.message if self.message else ''})"
@@ -418,7 +430,9 @@ def _failures(job: DDPTrainingJob, current: Mapping[int, PodView]) -> list[_Work
                     pod.finished_at or "~",  # "~" sorts after any timestamp
                 )
             )
-    return sorted(failures, key=lambda f: (f.finished_at, f.index))
+    # Finish times have a resolution of one second. Within the same second, a rank that was
+    # killed or lost comes first: its peers' errors (their collectives broke) follow from it.
+    return sorted(failures, key=lambda f: (f.finished_at, not f.lost_or_killed, f.index))
 
 
 def is_retryable(job: DDPTrainingJob, failure: _WorkerFailure) -> bool:
@@ -430,7 +444,7 @@ def is_retryable(job: DDPTrainingJob, failure: _WorkerFailure) -> bool:
         return True
     if failure.exit_code is None:
         return True  # evicted, deleted, node lost: nothing wrong with the program
-    if failure.reason in LOST_REASONS:
+    if failure.reason in LOST_REASONS or failure.reason == OOM_KILLED:
         return True
     return failure.exit_code >= RETRYABLE_EXIT_CODE or (
         failure.exit_code in policy.retryable_exit_codes

@@ -456,3 +456,13 @@ def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
         replicas = obj["spec"]["mpiReplicaSpecs"].values()
         return [c for r in replicas for c in r["template"]["spec"]["containers"]]
     return []
+
+
+def test_a_failed_workers_last_log_lines_become_its_message() -> None:
+    """The kubelet copies a failed container's last log lines into its terminated state's
+    message, which status.failure and the job's Event then carry."""
+    pod = worker(GPU_2X8)
+    mpi = build_mpijob(make_job(nodes=2, launcher="mpi"), 0, SETTINGS)
+    launcher = mpi["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    for container in (container_of(pod), launcher):
+        assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"

@@ -174,6 +174,12 @@ RESTARTS = [
     RestartCase("deleted", pod(1, "Running", deleting=True), None, "Deleted", deleted=(0,)),
     RestartCase("node lost", pod(1, "Unknown"), None, "NodeLost"),
     RestartCase(
+        "a rank OOM-killed under torchrun (which exits 1)",
+        pod(1, "Failed", exit_code=1, reason="OOMKilled"),
+        1,
+        "OOMKilled",
+    ),
+    RestartCase(
         "pod GC after node loss",
         pod(1, "Failed", reason="DeletionByPodGC"),
         None,
@@ -280,6 +286,18 @@ def test_first_failure_decides() -> None:
     decision = decide(job(running()), [aftermath, root_cause], NOW)
     assert decision.status.phase == "Failed"
     assert decision.status.failure is not None and decision.status.failure.exit_code == 1
+
+
+def test_in_the_same_second_the_killed_rank_is_the_cause() -> None:
+    """SIGKILL one rank and its peer's collective breaks (exit 1), often within the same
+    second, the resolution of finish times: the kill, not the peer's error, decides."""
+    same_second = "2026-11-22T11:59:00Z"
+    peer = pod(0, "Failed", exit_code=1, finished_at=same_second)
+    killed = pod(1, "Failed", exit_code=137, finished_at=same_second)
+    decision = decide(job(running()), [peer, killed], NOW)
+    assert decision.status.phase == "Restarting"
+    assert decision.status.failure is not None
+    assert (decision.status.failure.pod, decision.status.failure.exit_code) == ("bar-worker-1", 137)
 
 
 def test_restart_clears_the_old_attempt_before_creating_the_next() -> None:
