@@ -47,6 +47,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy operator/kube_ddp trainer_image/ddp_trainer
 	$(VENV)/bin/hadolint Dockerfile trainer_image/Dockerfile
+	$(PY) hack/dev-cluster.py tool actionlint .github/workflows/*.yaml
 
 fmt: venv
 	$(VENV)/bin/ruff check --fix .

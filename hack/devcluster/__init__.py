@@ -17,7 +17,7 @@ docs/dev-cluster.md describe it.
 What tests and benchmarks use is re-exported here.
 """
 
-from devcluster import controlplane, node
+from devcluster import controlplane, host, node
 from devcluster.build import KUBERNETES_VERSION, binaries_ready, binary, build_all
 from devcluster.controlplane import (
     free_port,
@@ -47,8 +47,11 @@ __all__ = [
     "binaries_ready",
     "binary",
     "build_all",
+    "controlplane",
     "down",
     "free_port",
+    "host",
+    "node",
     "read_state",
     "restart_apiserver",
     "running_state",

@@ -27,6 +27,7 @@ ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
 COREDNS_VERSION = "v1.15.0"
+ACTIONLINT_VERSION = "v1.7.12"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +131,13 @@ BUILDS = (
         version=HELM_VERSION,
         packages={"helm": "helm.sh/helm/v3/cmd/helm"},
         ldflags=(f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",),
+    ),
+    GoBuild(
+        name="actionlint",  # `make lint` checks the GitHub workflow with it
+        module="github.com/rhysd/actionlint",
+        version=ACTIONLINT_VERSION,
+        packages={"actionlint": "github.com/rhysd/actionlint/cmd/actionlint"},
+        ldflags=(f"-X github.com/rhysd/actionlint.version={ACTIONLINT_VERSION}",),
     ),
     GoBuild(
         name="coredns",  # the real node's cluster DNS
@@ -248,6 +256,18 @@ def cache_lock() -> Iterator[None]:
     with open(CACHE_DIR / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def built(name: str) -> Path:
+    """The binary `name`, building only its own component when the cache lacks it."""
+    build = next(b for b in BUILDS if name in b.packages)
+    if not build.is_built():
+        if shutil.which("go") is None:
+            raise BuildError(f"the Go toolchain (`go`) is not on PATH; it builds {name}")
+        with cache_lock():
+            (CACHE_DIR / "go" / "tmp").mkdir(parents=True, exist_ok=True)
+            build_one(build)
+    return build.bin_dir / name
 
 
 def binaries_ready() -> bool:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 from pathlib import Path
 
 import devcluster
 from devcluster import controlplane, node
-from devcluster.build import BUILDS, build_all
+from devcluster.build import BUILDS, build_all, built
 from devcluster.paths import KUBECONFIG, STATE_DIR, BuildError, ClusterError, log
 from devcluster.processes import is_alive
 
@@ -17,6 +18,12 @@ def cmd_build(_: argparse.Namespace) -> int:
     for build in BUILDS:
         print(f"{build.name} {build.version}: {build.bin_dir}")
     return 0
+
+
+def cmd_tool(args: argparse.Namespace) -> int:
+    """Run one of the pinned tools (helm, kubectl, actionlint...), built first if need be."""
+    tool = built(args.tool)
+    return subprocess.run([str(tool), *args.args], check=False).returncode
 
 
 def cmd_up(_: argparse.Namespace) -> int:
@@ -83,6 +90,10 @@ def main() -> int:
         ("status", cmd_status, "say what runs"),
     ):
         commands.add_parser(name, help=help_text).set_defaults(func=func)
+    tool = commands.add_parser("tool", help="run a pinned tool: tool NAME [ARGS...]")
+    tool.add_argument("tool", help="actionlint, helm, kubectl, ...")
+    tool.add_argument("args", nargs=argparse.REMAINDER)
+    tool.set_defaults(func=cmd_tool)
     args = parser.parse_args()
     try:
         return int(args.func(args))

@@ -1,0 +1,1 @@
+"""The e2e tier: real pods on a real node (tests/e2e/conftest.py)."""

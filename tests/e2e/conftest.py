@@ -1,0 +1,140 @@
+"""Fixtures of the e2e tier: real pods on a real node, the operator installed by its chart.
+
+`platform` (session): the dev cluster with its real node (hack/devcluster; needs root), or the
+cluster of KUBEDDP_E2E_KUBECONFIG (tests/e2e/platform.py). `operator` (session): the chart
+installed into `kube-ddp-system` and its Deployment Available (its readiness means: leader and
+watching). `jobs` (function): DDPTrainingJobs in a fresh namespace, their specs completed by
+the platform so their pods land on the real node.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+
+from tests.cluster.conftest import IN_CI, cluster, crd
+from tests.cluster.helm_support import CHART, Helm, helm_binary
+from tests.cluster.operator_support import Jobs
+from tests.cluster.support import REPO, Cluster, load_dev_cluster, wait_for
+from tests.e2e.platform import Platform, dev_platform, external_platform
+
+HERE = Path(__file__).resolve().parent
+OPERATOR_NAMESPACE = "kube-ddp-system"
+RELEASE = "kube-ddp"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(pytest.mark.e2e)
+
+
+def external_cluster() -> Cluster | None:
+    kubeconfig = os.environ.get("KUBEDDP_E2E_KUBECONFIG")
+    if not kubeconfig:
+        return None
+    api = kubernetes.config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    kubectl = Path(os.environ.get("KUBEDDP_E2E_KUBECTL", "/usr/local/bin/kubectl"))
+    return Cluster(
+        kubeconfig=Path(kubeconfig),
+        server=api.configuration.host,
+        ca_file=Path(api.configuration.ssl_ca_cert or ""),
+        bin_dir=kubectl.parent,
+        api=api,
+    )
+
+
+@pytest.fixture(scope="session")
+def platform(request: pytest.FixtureRequest) -> Iterator[Platform]:
+    external = external_cluster()
+    if external is not None:
+        helm = Path(os.environ.get("KUBEDDP_E2E_HELM", "helm"))
+        yield external_platform(external, helm)
+        return
+    if os.geteuid() != 0 and not IN_CI:
+        pytest.skip("the real node needs root (containerd, the kubelet, an iptables rule)")
+    dev_cluster: Cluster = request.getfixturevalue("cluster")
+    request.getfixturevalue("crd")
+    node = load_dev_cluster().node
+    try:
+        node.up()
+    except load_dev_cluster().ClusterError as error:
+        pytest.fail(f"the real node did not come up: {error}", pytrace=False)
+    # The node goes with the cluster: `cluster` stops both when it started them, and a cluster
+    # of `make cluster-up` has its real node anyway.
+    yield dev_platform(dev_cluster, helm_binary())
+
+
+def _post_renderer(tmp: Path) -> Path:
+    """Helm runs a post-renderer as a program: a wrapper that runs ours with this Python."""
+    wrapper = tmp / "post-render"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "post_render.py"}" "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return wrapper
+
+
+@pytest.fixture(scope="session")
+def operator(
+    platform: Platform, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """The chart installed, its Deployment Available; yields the leader pod's name."""
+    home = tmp_path_factory.mktemp("helm-home")
+    helm = Helm(platform.helm, platform.cluster.kubeconfig, home)
+    args = [
+        arg if arg != str(HERE / "post_render.py") else str(_post_renderer(home))
+        for arg in platform.helm_args
+    ]
+    helm.run(
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        OPERATOR_NAMESPACE,
+        "--create-namespace",
+        "--wait",
+        "--timeout=180s",
+        *args,
+    )
+    apps = kubernetes.client.AppsV1Api(platform.cluster.api)
+
+    def available() -> Any:
+        deployment = apps.read_namespaced_deployment(RELEASE, OPERATOR_NAMESPACE)
+        return deployment if (deployment.status.available_replicas or 0) >= 1 else None
+
+    deployment = wait_for(available, "the operator Deployment to be Available", timeout=120)
+    yield {"helm": helm, "deployment": deployment}
+    helm.run("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait", check=False)
+
+
+@pytest.fixture
+def namespace_e2e(platform: Platform, request: pytest.FixtureRequest) -> Iterator[str]:
+    core = platform.cluster.core
+    name = (
+        f"e2e-{request.node.name[:30].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:5]}"
+    )
+    core.create_namespace({"metadata": {"name": name, "labels": {"kubeddp.io/test": "true"}}})
+    wait_for(
+        lambda: (
+            core.list_namespaced_service_account(name, field_selector="metadata.name=default").items
+        ),
+        f"ServiceAccount {name}/default",
+    )
+    yield name
+    core.delete_namespace(name)
+
+
+@pytest.fixture
+def jobs(platform: Platform, operator: dict[str, Any], namespace_e2e: str) -> Jobs:
+    return Jobs(platform.cluster, namespace_e2e)
+
+
+__all__ = ["REPO", "cluster", "crd"]

@@ -1,0 +1,251 @@
+"""Jobs as a user runs them, end to end, on a real node: the operator in the cluster (its chart,
+its ServiceAccount), real pods that train across each other through the headless Service's
+DNS names, real exit codes, OOM kills, logs and garbage collection.
+
+Each test asserts on what a user sees: `kubectl get ddpjobs`, the job's status, its Events and
+its pods' logs.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import kubernetes
+import pytest
+
+from kube_ddp import names
+from kube_ddp.reasons import Reason
+from tests.cluster.operator_support import Jobs, job_manifest
+from tests.cluster.support import wait_for
+from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE
+from tests.e2e.platform import Platform
+
+# Small, real training: scikit-learn's bundled digits (no download), two CPU workers (gloo).
+DIGITS = {"dataset": "digits", "batchSize": 32, "device": "cpu", "timeoutSeconds": 120}
+TRAINING_TIMEOUT = 240  # seconds: import torch, train, on 2 shared cores
+
+
+def cpu_job(platform: Platform, name: str, **spec: Any) -> dict[str, Any]:
+    return job_manifest(name, **platform.job_spec({"nodes": 2, **spec}))
+
+
+def logs(jobs: Jobs, pod: str) -> str:
+    return str(jobs.cluster.core.read_namespaced_pod_log(pod, jobs.namespace))
+
+
+def kubectl_get_ddpjobs(jobs: Jobs) -> str:
+    return jobs.cluster.kubectl("get", "ddpjobs", "-n", jobs.namespace).stdout
+
+
+class Watcher:
+    """Polls `kubectl get ddpjobs` in the background while a job runs: what a user watches."""
+
+    def __init__(self, jobs: Jobs) -> None:
+        self.jobs = jobs
+        self.rows: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(1.0):
+            self.rows += kubectl_get_ddpjobs(self.jobs).splitlines()[1:]
+
+    def __enter__(self) -> Watcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_the_operator_runs_in_the_cluster(platform: Platform, operator: dict[str, Any]) -> None:
+    """Scenario 1: installed by the chart, a pod of its Deployment, with the chart's
+    ServiceAccount; /healthz and /metrics answer (through the API server's pod proxy)."""
+    core = platform.cluster.core
+    pods = core.list_namespaced_pod(
+        OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/name=kube-ddp"
+    ).items
+    running = [p for p in pods if p.status.phase == "Running"]
+    assert running, [p.status.phase for p in pods]
+    pod = running[0]
+    assert pod.spec.service_account_name == RELEASE
+    assert pod.metadata.owner_references[0].kind == "ReplicaSet"
+
+    def proxied(port: int, path: str) -> str:
+        return str(
+            platform.cluster.kubectl(
+                "get",
+                "--raw",
+                f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/pods/"
+                f"{pod.metadata.name}:{port}/proxy{path}",
+            ).stdout
+        )
+
+    assert proxied(8080, "/healthz")
+    assert "kubeddp_jobs" in proxied(8081, "/metrics")
+
+
+def test_two_workers_train_to_the_target(platform: Platform, jobs: Jobs) -> None:
+    """Scenario 2: two pods train together, stop early at the target, Succeeded; rank 0 wrote
+    status.training with its own token, and `kubectl get ddpjobs` showed it while running."""
+    trainer = {**DIGITS, "model": "mlp", "epochs": 40, "targetAccuracy": 0.9, "patience": 2}
+    with Watcher(jobs) as watcher:
+        jobs.create(cpu_job(platform, "digits", trainer=trainer))
+        status = jobs.wait_phase("digits", "Succeeded", timeout=TRAINING_TIMEOUT)
+    training = status["training"]
+    assert training["valAccuracy"] >= 0.9
+    assert 1 <= training["epoch"] < 40  # stopped early
+    assert training["imagesPerSec"] > 0
+    assert status["restarts"] == 0
+    seen = [row.split() for row in watcher.rows]
+    # NAME PHASE WORKERS ACCELERATOR EPOCH VAL-ACC RESTARTS AGE: progress while Running
+    assert any(row[1] == "Running" and row[4].isdigit() for row in seen), watcher.rows
+    worker0 = logs(jobs, "digits-worker-0")
+    assert "world_size=2" in worker0 and "backend=gloo" in worker0
+    # The two ranks met at worker 0's DNS name, through the headless Service.
+    pod = jobs.cluster.core.read_namespaced_pod("digits-worker-0", jobs.namespace)
+    env = {e.name: e.value for e in pod.spec.containers[0].env}
+    assert env["MASTER_ADDR"] == names.master_addr("digits", jobs.namespace)
+
+
+def test_a_killed_rank_restarts_the_group_which_resumes(platform: Platform, jobs: Jobs) -> None:
+    """Scenario 3: a worker's trainer is SIGKILLed mid-training: exit 137, one group restart,
+    and the new attempt resumes from the checkpoint the first one wrote."""
+    checkpoints = platform.scratch_volume("checkpoints", jobs.namespace)
+    trainer = {
+        **DIGITS,
+        "model": "wide-resnet",
+        "wrnDepth": 10,
+        "wrnWidth": 1,
+        "epochs": 8,
+        "checkpointDir": "/checkpoints",
+    }
+    spec = {
+        "trainer": trainer,
+        "template": {
+            "volumes": [checkpoints],
+            "volumeMounts": [{"name": "checkpoints", "mountPath": "/checkpoints"}],
+        },
+    }
+    jobs.create(cpu_job(platform, "resume", **spec))
+    wait_for(
+        lambda: (jobs.status("resume").get("training") or {}).get("epoch", 0) >= 2,
+        "two epochs (and their checkpoints)",
+        timeout=TRAINING_TIMEOUT,
+        interval=0.5,
+    )
+    victim = jobs.cluster.core.read_namespaced_pod("resume-worker-1", jobs.namespace)
+    platform.kill(victim)
+    status = jobs.wait_phase("resume", "Succeeded", timeout=TRAINING_TIMEOUT)
+    assert status["restarts"] == 1
+    failure = status["failure"]
+    assert (failure["pod"], failure["exitCode"]) == ("resume-worker-1", 137)
+    assert "resuming after epoch" in logs(jobs, "resume-worker-0")
+    assert Reason.WORKER_FAILED in jobs.events("resume")
+
+
+HOG = "import time; x = bytearray(1 << 30); time.sleep(60)"
+
+
+@pytest.mark.parametrize(
+    ("command", "exit_code"),
+    [
+        (["python", "-c", HOG], 137),
+        # As under torchrun: the OOM killer takes a child (a rank), the parent exits 1.
+        (["sh", "-c", f"python -c '{HOG}'; exit 1"], 1),
+    ],
+    ids=["the worker itself", "a rank under its launcher"],
+)
+def test_an_oom_kill_is_reported_and_restarted_like_137(
+    platform: Platform, jobs: Jobs, command: list[str], exit_code: int
+) -> None:
+    """Scenario 4: over its memory limit -> OOMKilled -> status.failure says so; the group
+    restarts (as for 137) until backoffLimit."""
+    spec = {
+        "command": command,
+        "resources": {"limits": {"memory": "128Mi"}},
+        "runPolicy": {"backoffLimit": 1},
+    }
+    jobs.create(cpu_job(platform, "hog", **spec))
+    status = jobs.wait_phase("hog", "Failed", timeout=120)
+    assert status["restarts"] == 1
+    assert status["failure"]["exitCode"] == exit_code
+    assert status["failure"]["reason"] == "OOMKilled"
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == Reason.BACKOFF_LIMIT_EXCEEDED
+    assert "OOMKilled" in failed["message"]
+
+
+def test_a_user_error_fails_at_once_with_the_last_log_lines(platform: Platform, jobs: Jobs) -> None:
+    """Scenario 5: a non-retryable exit -> Failed, naming the pod and the code, with the
+    container's last log lines in status.failure and the Event."""
+    bad = ["python", "-c", "import sys; print('unknown flag --epochz'); sys.exit(2)"]
+    jobs.create(cpu_job(platform, "typo", command=bad))
+    status = jobs.wait_phase("typo", "Failed", timeout=120)
+    failure = status["failure"]
+    assert failure["exitCode"] == 2
+    assert failure["pod"] in ("typo-worker-0", "typo-worker-1")
+    assert "unknown flag --epochz" in failure["message"]
+    assert status["restarts"] == 0
+    selector = f"involvedObject.name=typo,reason={Reason.NON_RETRYABLE_EXIT_CODE}"
+    events = wait_for(  # posted just after the status is written
+        lambda: (
+            jobs.cluster.core.list_namespaced_event(jobs.namespace, field_selector=selector).items
+        ),
+        "the NonRetryableExitCode Event",
+    )
+    assert "unknown flag --epochz" in events[0].message
+
+
+def test_the_operator_pod_deleted_mid_job(
+    platform: Platform, jobs: Jobs, operator: dict[str, Any]
+) -> None:
+    """Scenario 6: the leader's pod is deleted while a job trains; the Deployment's next pod
+    takes over, adopts the job (no duplicate pods, no restart) and finishes it."""
+    trainer = {**DIGITS, "model": "wide-resnet", "wrnDepth": 10, "wrnWidth": 1, "epochs": 6}
+    jobs.create(cpu_job(platform, "adopted", trainer=trainer))
+    running = jobs.wait_pods("adopted", 2, timeout=TRAINING_TIMEOUT)
+    uids = {p.metadata.name: p.metadata.uid for p in running}
+    core = jobs.cluster.core
+    selector = "app.kubernetes.io/name=kube-ddp"
+    before = {
+        p.metadata.name
+        for p in core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=selector).items
+    }
+    for name in before:
+        core.delete_namespaced_pod(name, OPERATOR_NAMESPACE)
+    status = jobs.wait_phase("adopted", "Succeeded", timeout=TRAINING_TIMEOUT)
+    after = {
+        p.metadata.name
+        for p in core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=selector).items
+    }
+    assert after and not after & before  # a new operator pod did it
+    assert status["restarts"] == 0
+    pods = jobs.pods("adopted")
+    assert {p.metadata.name: p.metadata.uid for p in pods} == uids
+
+
+def test_a_deleted_job_takes_every_child_with_it(platform: Platform, jobs: Jobs) -> None:
+    """Scenario 7: the job deleted mid-run -> its pods, Service and reporter RBAC are gone."""
+    trainer = {**DIGITS, "model": "mlp", "epochs": 200}
+    jobs.create(cpu_job(platform, "doomed", trainer=trainer))
+    jobs.wait_pods("doomed", 2, timeout=TRAINING_TIMEOUT)
+    jobs.delete("doomed")
+    core, rbac = jobs.cluster.core, jobs.cluster.rbac
+    selector = f"{names.LABEL_JOB_NAME}=doomed"
+
+    def children() -> list[str]:
+        listed = [
+            *core.list_namespaced_pod(jobs.namespace, label_selector=selector).items,
+            *core.list_namespaced_service(jobs.namespace, label_selector=selector).items,
+            *core.list_namespaced_service_account(jobs.namespace, label_selector=selector).items,
+            *rbac.list_namespaced_role(jobs.namespace, label_selector=selector).items,
+            *rbac.list_namespaced_role_binding(jobs.namespace, label_selector=selector).items,
+        ]
+        return [f"{type(o).__name__}/{o.metadata.name}" for o in listed]
+
+    wait_for(lambda: not children(), "the job's children to be gone", timeout=90)
+    with pytest.raises(kubernetes.client.ApiException):
+        jobs.get("doomed")
