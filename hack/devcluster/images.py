@@ -8,6 +8,10 @@
 
 Each is written as an OCI image archive (one uncompressed layer) and imported into the node's
 containerd with `ctr images import`.
+
+- `localhost/kube-ddp-operator:dev`: the operator image, built from the repository's own
+  Dockerfile with Debian's buildah on a local Debian trixie Python base (the python:*-slim
+  base cannot be pulled); the e2e tier runs the operator from it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from devcluster.paths import ClusterError
+from devcluster.paths import CACHE_DIR, REPO, ClusterError
 
 PAUSE_IMAGE = "localhost/pause:local"
 HOST_USR_IMAGE = "localhost/hostusr:local"
@@ -152,4 +156,119 @@ def import_images(ctr: list[str]) -> float:
             )
             if result.returncode != 0:
                 raise ClusterError(f"importing {name} failed: {result.stderr.strip()}")
+    return time.monotonic() - started
+
+
+# --- the operator's own image, from its Dockerfile ---------------------------------------------
+
+OPERATOR_IMAGE = "localhost/kube-ddp-operator:dev"
+PYTHON_BASE = (
+    "localhost/debian-python:trixie"  # stands in for python:*-slim, which cannot be pulled
+)
+BUILD_PACKAGES = {"buildah": "buildah", "mmdebstrap": "mmdebstrap", "runc": "runc"}
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+# What the operator Dockerfile copies: a change to any of them means a new image.
+OPERATOR_SOURCES = (
+    "Dockerfile",
+    "operator",
+    "trainer_image/pyproject.toml",
+    "trainer_image/ddp_trainer",
+)
+
+
+def _buildah() -> list[str]:
+    store = CACHE_DIR / "containers"
+    return [
+        "buildah",
+        "--root", str(store / "root"),
+        "--runroot", str(store / "run"),
+        "--storage-driver", "overlay",
+    ]  # fmt: skip
+
+
+def _run(argv: list[str], what: str, cwd: Path | None = None) -> str:
+    result = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, check=False)
+    if result.returncode != 0:
+        raise ClusterError(f"{what} failed: {(result.stderr or result.stdout).strip()[-3000:]}")
+    return result.stdout
+
+
+def _sources_digest() -> str:
+    digest = hashlib.sha256()
+    for top in OPERATOR_SOURCES:
+        paths = [REPO / top] if (REPO / top).is_file() else sorted((REPO / top).rglob("*"))
+        for path in paths:
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _python_base() -> None:
+    """Debian trixie's Python as a local base image (made once, kept in the cache)."""
+    listed = subprocess.run(
+        [*_buildah(), "images", "--quiet", PYTHON_BASE], capture_output=True, check=False
+    )
+    if listed.returncode == 0 and listed.stdout.strip():
+        return
+    with tempfile.TemporaryDirectory(prefix="kube-ddp-base-") as scratch:
+        rootfs = Path(scratch) / "trixie.tar"
+        _run(
+            [
+                "mmdebstrap", "--variant=minbase",
+                "--include=ca-certificates,python3,python3-venv",
+                "--dpkgopt=path-exclude=/usr/share/doc/*",
+                "--dpkgopt=path-exclude=/usr/share/man/*",
+                "--dpkgopt=path-exclude=/usr/share/locale/*",
+                "trixie", str(rootfs),
+            ],
+            "mmdebstrap (the operator image's Python base)",
+        )  # fmt: skip
+        container = _run([*_buildah(), "from", "scratch"], "buildah from").strip()
+        try:
+            _run([*_buildah(), "add", container, str(rootfs), "/"], "buildah add")
+            _run(
+                [*_buildah(), "config", "--env", f"PATH={PATH}", "--cmd", "python3", container],
+                "buildah config",
+            )
+            _run([*_buildah(), "commit", "--quiet", container, PYTHON_BASE], "buildah commit")
+        finally:
+            subprocess.run([*_buildah(), "rm", container], capture_output=True, check=False)
+
+
+def operator_image_archive() -> Path:
+    """The operator image built from the repository's own Dockerfile with buildah (no daemon,
+    host network, the host's CA bundle mounted for pip, not copied), as an OCI archive cached
+    by the digest of what the Dockerfile copies."""
+    archive = CACHE_DIR / "images" / f"kube-ddp-operator-{_sources_digest()}.tar"
+    if archive.exists():
+        return archive
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    _python_base()
+    _run(
+        [
+            *_buildah(), "bud", "--quiet", "--runtime", "/usr/sbin/runc", "--network", "host",
+            "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
+            "--build-arg", f"PYTHON_IMAGE={PYTHON_BASE}",
+            "--tag", OPERATOR_IMAGE, ".",
+        ],
+        "building the operator image (buildah bud)",
+        cwd=REPO,
+    )  # fmt: skip
+    partial = archive.with_suffix(".partial")
+    partial.unlink(missing_ok=True)
+    _run(
+        [*_buildah(), "push", "--quiet", OPERATOR_IMAGE, f"oci-archive:{partial}:{OPERATOR_IMAGE}"],
+        "buildah push",
+    )
+    partial.rename(archive)
+    for old in archive.parent.glob("kube-ddp-operator-*.tar"):
+        if old != archive:
+            old.unlink()
+    return archive
+
+
+def import_operator_image(ctr: list[str]) -> float:
+    started = time.monotonic()
+    archive = operator_image_archive()
+    _run([*ctr, "images", "import", str(archive)], "importing the operator image")
     return time.monotonic() - started

@@ -46,9 +46,17 @@ LOCK = CACHE_DIR / "real-node.lock"
 THIS_CLONE = str(REPO)
 BRIDGE, GATEWAY, POD_CIDR = "cni0", "10.88.0.1", "10.88.0.0/16"
 API_SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service: the first address of the range
-APT_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables")
+# buildah and mmdebstrap build the operator image from its Dockerfile (devcluster.images).
+APT_PACKAGES = (
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "iptables",
+    "buildah",
+    "mmdebstrap",
+)
 CNI_BIN = Path("/usr/lib/cni")
-NEEDED = {"containerd": "containerd", "ctr": "containerd", "runc": "runc", "iptables": "iptables"}
+NEEDED = ("containerd", "ctr", "runc", "iptables", "buildah", "mmdebstrap")
 
 
 class NodeRecord(TypedDict):
@@ -66,9 +74,9 @@ def ctr() -> list[str]:
 
 def install_packages() -> None:
     """Debian's containerd, runc, CNI plugins and iptables, when missing (as root)."""
-    missing = [pkg for tool, pkg in NEEDED.items() if shutil.which(tool) is None]
+    missing = [tool for tool in NEEDED if shutil.which(tool) is None]
     if not (CNI_BIN / "bridge").exists():
-        missing.append("containernetworking-plugins")
+        missing.append("the CNI plugins")
     if not missing:
         return
     require_root("installing the real node's packages")

@@ -10,8 +10,6 @@ the platform so their pods land on the real node.
 from __future__ import annotations
 
 import os
-import stat
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,14 +71,6 @@ def platform(request: pytest.FixtureRequest) -> Iterator[Platform]:
     yield dev_platform(dev_cluster, helm_binary())
 
 
-def _post_renderer(tmp: Path) -> Path:
-    """Helm runs a post-renderer as a program: a wrapper that runs ours with this Python."""
-    wrapper = tmp / "post-render"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "post_render.py"}" "$@"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    return wrapper
-
-
 @pytest.fixture(scope="session")
 def operator(
     platform: Platform, tmp_path_factory: pytest.TempPathFactory
@@ -88,10 +78,7 @@ def operator(
     """The chart installed, its Deployment Available; yields the leader pod's name."""
     home = tmp_path_factory.mktemp("helm-home")
     helm = Helm(platform.helm, platform.cluster.kubeconfig, home)
-    args = [
-        arg if arg != str(HERE / "post_render.py") else str(_post_renderer(home))
-        for arg in platform.helm_args
-    ]
+    args = platform.helm_args
     helm.run(
         "upgrade",
         "--install",

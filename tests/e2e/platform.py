@@ -1,10 +1,11 @@
 """Where the e2e tier runs its real pods, and how the project's code gets into them.
 
-- `DevPlatform` (the default): the dev cluster (hack/devcluster) with its real node. No image
-  registry can be reached there, and the trainer's torch is several GB, so pods run the tiny
-  `localhost/hostusr:local` image with the host's /usr, its Python and this repository (with
-  its .venv) mounted read-only: the same code as the tests, nothing to build. They run as root
-  because the host's Python lives under /root (0700).
+- `DevPlatform` (the default): the dev cluster (hack/devcluster) with its real node. The
+  operator runs from its own image, built from the repository's Dockerfile (cached by the
+  digest of its sources). No image registry can be reached and a trainer image is 6 GB (PyPI's
+  torch is the CUDA build), so the workers run the tiny `localhost/hostusr:local` image with the
+  host's /usr, its Python and this repository (with its .venv) mounted read-only: the same code
+  as the tests. They run as root because the host's Python lives under /root (0700).
 - `ExternalPlatform`: any cluster with a real node, given by KUBEDDP_E2E_KUBECONFIG, running the
   project's own images (KUBEDDP_E2E_OPERATOR_IMAGE, KUBEDDP_E2E_TRAINER_IMAGE), e.g. kind in
   the GitHub workflow. KUBEDDP_E2E_NODE_EXEC (e.g. `docker exec kind-worker`) lets a test
@@ -121,36 +122,14 @@ def dev_platform(cluster: Cluster, helm: Path) -> DevPlatform:
             "securityContext": {"runAsUser": 0},
         },
     }
-    # The operator's Deployment: the chart's, with its image's entrypoint and mounts added by a
-    # post-renderer (the chart rightly has no values for a development-only layout).
-    patch = {
-        "command": [str(venv / "bin" / "kube-ddp")],
-        "volumes": volumes,
-        "volumeMounts": volume_mounts,
-    }
-    image_repository, image_tag = images.HOST_USR_IMAGE.rsplit(":", 1)
-    values = {
-        "image": {"repository": image_repository, "tag": image_tag, "pullPolicy": "Never"},
-        "operator": {"trainerImage": images.HOST_USR_IMAGE, "logFormat": "plain"},
-        "podSecurityContext": {"runAsUser": 0, "runAsNonRoot": False},
-        **on_real_node,
-    }
-    post_renderer = Path(__file__).with_name("post_render.py")
+    # The operator runs from its own image, built from the Dockerfile (devcluster.images).
+    images.import_operator_image(node.ctr())
+    repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
     helm_args = [
-        "--set-json",
-        f"image={json.dumps(values['image'])}",
-        "--set-json",
-        f"operator={json.dumps(values['operator'])}",
-        "--set-json",
-        f"podSecurityContext={json.dumps(values['podSecurityContext'])}",
-        "--set-json",
-        f"nodeSelector={json.dumps(values['nodeSelector'])}",
-        "--set-json",
-        f"tolerations={json.dumps(values['tolerations'])}",
-        "--post-renderer",
-        str(post_renderer),
-        "--post-renderer-args",
-        json.dumps(patch),
+        *("--set", f"image.repository={repository}", "--set", f"image.tag={tag}"),
+        *("--set", "image.pullPolicy=Never", "--set", "operator.logFormat=plain"),
+        *("--set-json", f"nodeSelector={json.dumps(on_real_node['nodeSelector'])}"),
+        *("--set-json", f"tolerations={json.dumps(on_real_node['tolerations'])}"),
     ]
     return DevPlatform(cluster, helm, job_overrides, helm_args)
 
