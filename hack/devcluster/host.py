@@ -96,11 +96,12 @@ class HostRecord:
         except (OSError, ValueError, TypeError):
             return None
 
-    def restore(self, node_dir: Path) -> None:
-        """Put the host back; each step runs even when one before it failed."""
+    def restore(self, node_dirs: list[Path]) -> None:
+        """Put the host back (what is mounted below `node_dirs` unmounted first); each step runs
+        even when one before it failed."""
         problems = []
         steps: list[Callable[[], None]] = [
-            functools.partial(unmount_below, node_dir),
+            *(functools.partial(unmount_below, directory) for directory in node_dirs),
             self._remove_netns,
             remove_cgroups,
             self._remove_bridge,

@@ -373,7 +373,7 @@ def _stop(record: NodeRecord) -> None:
         stop_component(component, grace=10)
     kill_shims()
     host = HostRecord(**record["host"])
-    host.restore(NODE_DIR)
+    host.restore([NODE_DIR, RUN_DIR])  # RUN_DIR: the sandboxes' /dev/shm mounts
     with contextlib.suppress(ClusterError):
         kubectl("delete", "node", NODE_NAME, "--ignore-not-found", "--wait=false")
     shutil.rmtree(NODE_DIR, ignore_errors=True)
