@@ -21,7 +21,7 @@ SYNCED := $(VENV)/.synced
 help:
 	@echo "make demo            train a 2-process DDP job on CPU (digits), no download"
 	@echo "make test            lint + all test tiers (unit, trainer, cluster)"
-	@echo "make lint            ruff, mypy, hadolint"
+	@echo "make lint            ruff, mypy, hadolint, actionlint"
 	@echo "make crds            regenerate the CRD (manifests/ and the chart's crds/) from the API models"
 	@echo "make manifests       crds + the chart's generated files + manifests/install.yaml"
 	@echo "make bench           benchmarks (results: docs/BENCHMARKS.md)"
