@@ -57,21 +57,19 @@ def cmd_status(_: argparse.Namespace) -> int:
         print("cluster is not running")
         return 1
     print(f"server {state['server']}  kubeconfig {state['kubeconfig']}  owner {state['owner']}")
+    record = node.read_record()
+    node_components = record["components"] if record and record["repo"] == node.THIS_CLONE else []
     all_alive, total_mib = True, 0
-    for component in state["components"]:
+    for prefix, component in [
+        *(("", c) for c in state["components"]),
+        *(("node ", c) for c in node_components),
+    ]:
         alive = is_alive(component)
         all_alive &= alive
-        total_mib += resident_mib(component["pid"]) if alive else 0
-        word = f"running, {resident_mib(component['pid'])} MiB resident" if alive else "DEAD"
-        print(f"  {component['name']:<24} pid {component['pid']:<8} {word}")
-    record = node.read_record()
-    if record and record["repo"] == node.THIS_CLONE:
-        for component in record["components"]:
-            alive = is_alive(component)
-            all_alive &= alive
-            total_mib += resident_mib(component["pid"]) if alive else 0
-            word = f"running, {resident_mib(component['pid'])} MiB resident" if alive else "DEAD"
-            print(f"  node {component['name']:<19} pid {component['pid']:<8} {word}")
+        mib = resident_mib(component["pid"]) if alive else 0
+        total_mib += mib
+        word = f"running, {mib} MiB resident" if alive else "DEAD"
+        print(f"  {prefix + component['name']:<24} pid {component['pid']:<8} {word}")
     print(f"  {'total':<37} {total_mib} MiB resident")
     if not all_alive:
         print("some components are dead: `up` cleans up and starts afresh")

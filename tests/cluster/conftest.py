@@ -21,7 +21,7 @@ import pytest
 
 from tests.cluster.helm_support import Helm, helm_binary
 from tests.cluster.operator_support import Jobs, OperatorProcess, running_operator
-from tests.cluster.support import Cluster, load_dev_cluster, wait_for
+from tests.cluster.support import Cluster, fresh_namespace, load_dev_cluster
 
 HERE = Path(__file__).resolve().parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -105,21 +105,9 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    core = cluster.core
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-")
-    name = f"{slug}-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": name, "labels": {"kubeddp.io/test": "true"}}})
-
-    def default_service_account() -> bool:
-        # Pods are refused until the serviceaccount controller has made `default`.
-        accounts = core.list_namespaced_service_account(
-            name, field_selector="metadata.name=default"
-        )
-        return bool(accounts.items)
-
-    wait_for(default_service_account, f"ServiceAccount {name}/default", timeout=30)
-    yield name
-    core.delete_namespace(name)  # the namespace controller and kwok finish it in the background
+    with fresh_namespace(cluster, f"{slug}-{uuid.uuid4().hex[:6]}") as name:
+        yield name
 
 
 @pytest.fixture(scope="session")

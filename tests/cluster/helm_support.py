@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import os
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -16,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tests.cluster.support import REPO, Cluster, load_dev_cluster, wait_for
+from tests.cluster.support import REPO, ChildProcess, Cluster, load_dev_cluster, wait_for
 
 CHART = REPO / "charts" / "kube-ddp"
 KUBE_DDP = Path(sys.executable).with_name("kube-ddp")
@@ -104,7 +103,7 @@ def service_account_token(cluster: Cluster, namespace: str, account: str) -> str
 
 
 @dataclass
-class Operator:
+class Operator(ChildProcess):
     """`kube-ddp operator` with any arguments, its log in a file, its /readyz on a free port."""
 
     kubeconfig: Path
@@ -143,19 +142,3 @@ class Operator:
             return body if status == 200 and body.startswith(prefix) else None
 
         return wait_for(ready, f"/readyz of {self.log_path.name} to say {prefix!r}", timeout)
-
-    def kill(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

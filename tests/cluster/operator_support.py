@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from kube_ddp import names
-from tests.cluster.support import Cluster, wait_for
+from tests.cluster.support import ChildProcess, Cluster, wait_for
 
 KUBE_DDP = Path(sys.executable).with_name("kube-ddp")
 SIM_EXIT_CODE = "sim.kubeddp.io/exit-code"
 
 
 @dataclass
-class OperatorProcess:
+class OperatorProcess(ChildProcess):
     """One `kube-ddp operator` process watching one namespace, its log in a file."""
 
     cluster: Cluster
@@ -44,23 +43,6 @@ class OperatorProcess:
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}
             )
-
-    def kill(self) -> None:
-        """SIGKILL: no clean shutdown, as when a node or the container dies."""
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 @contextmanager

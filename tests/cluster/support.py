@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -71,6 +73,50 @@ class Cluster:
         configuration.ssl_ca_cert = str(self.ca_file)
         configuration.api_key = {"authorization": f"Bearer {token}"}
         return kubernetes.client.ApiClient(configuration)
+
+
+class ChildProcess:
+    """A process a test started (subclasses are dataclasses with these two fields): SIGKILL,
+    a clean stop, and its log."""
+
+    process: subprocess.Popen[bytes] | None
+    log_path: Path
+
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown, as when a node or the container dies."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@contextmanager
+def fresh_namespace(cluster: Cluster, name: str) -> Iterator[str]:
+    """A new namespace whose `default` ServiceAccount exists (pods are refused before it),
+    deleted afterwards (the namespace controller finishes that in the background)."""
+    core = cluster.core
+    core.create_namespace({"metadata": {"name": name, "labels": {"kubeddp.io/test": "true"}}})
+    wait_for(
+        lambda: (
+            core.list_namespaced_service_account(name, field_selector="metadata.name=default").items
+        ),
+        f"ServiceAccount {name}/default",
+        timeout=30,
+    )
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
 
 
 def wait_for(

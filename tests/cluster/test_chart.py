@@ -24,7 +24,7 @@ from tests.cluster.helm_support import (
     service_account_token,
 )
 from tests.cluster.operator_support import Jobs, job_manifest
-from tests.cluster.support import REPO, Cluster, wait_for
+from tests.cluster.support import REPO, Cluster, fresh_namespace, wait_for
 
 KUBERNETES_VERSION = "1.36.0"
 GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
@@ -251,20 +251,8 @@ def test_install_yaml_passes_server_dry_run(cluster: Cluster) -> None:
 @pytest.fixture
 def other_namespace(cluster: Cluster) -> Iterator[str]:
     """A second fresh namespace (the jobs' one, apart from the operator's)."""
-    name = f"jobs-{uuid.uuid4().hex[:8]}"
-    cluster.core.create_namespace(
-        {"metadata": {"name": name, "labels": {"kubeddp.io/test": "true"}}}
-    )
-    wait_for(
-        lambda: (
-            cluster.core.list_namespaced_service_account(
-                name, field_selector="metadata.name=default"
-            ).items
-        ),
-        f"ServiceAccount {name}/default",
-    )
-    yield name
-    cluster.core.delete_namespace(name)
+    with fresh_namespace(cluster, f"jobs-{uuid.uuid4().hex[:8]}") as name:
+        yield name
 
 
 def release_name() -> str:

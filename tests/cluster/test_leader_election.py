@@ -17,7 +17,7 @@ from kube_ddp.kube import Kube
 from kube_ddp.leadership import LeaseElector
 from tests.cluster.helm_support import CHART, TEST_IMAGE, Helm, Operator, service_account_kubeconfig
 from tests.cluster.operator_support import Jobs, job_manifest
-from tests.cluster.support import Cluster, wait_for
+from tests.cluster.support import Cluster, fresh_namespace
 
 GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
 # Short timings keep the test quick; the chart's defaults are 15 / 10 / 2 s.
@@ -80,20 +80,8 @@ def test_lease_elector(cluster: Cluster, namespace: str, monkeypatch: pytest.Mon
 
 @pytest.fixture
 def jobs_namespace(cluster: Cluster) -> Iterator[str]:
-    name = f"jobs-{uuid.uuid4().hex[:8]}"
-    cluster.core.create_namespace(
-        {"metadata": {"name": name, "labels": {"kubeddp.io/test": "true"}}}
-    )
-    wait_for(
-        lambda: (
-            cluster.core.list_namespaced_service_account(
-                name, field_selector="metadata.name=default"
-            ).items
-        ),
-        f"ServiceAccount {name}/default",
-    )
-    yield name
-    cluster.core.delete_namespace(name)
+    with fresh_namespace(cluster, f"jobs-{uuid.uuid4().hex[:8]}") as name:
+        yield name
 
 
 def test_killed_leader_is_replaced_within_seconds_without_duplicates(

@@ -10,6 +10,7 @@ the platform so their pods land on the real node.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from tests.cluster.conftest import IN_CI, cluster, crd
 from tests.cluster.helm_support import CHART, Helm, helm_binary
 from tests.cluster.operator_support import Jobs
-from tests.cluster.support import REPO, Cluster, load_dev_cluster, wait_for
+from tests.cluster.support import REPO, Cluster, fresh_namespace, load_dev_cluster, wait_for
 from tests.e2e.platform import Platform, dev_platform, external_platform
 
 HERE = Path(__file__).resolve().parent
@@ -104,19 +105,9 @@ def operator(
 
 @pytest.fixture
 def namespace_e2e(platform: Platform, request: pytest.FixtureRequest) -> Iterator[str]:
-    core = platform.cluster.core
-    name = (
-        f"e2e-{request.node.name[:30].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:5]}"
-    )
-    core.create_namespace({"metadata": {"name": name, "labels": {"kubeddp.io/test": "true"}}})
-    wait_for(
-        lambda: (
-            core.list_namespaced_service_account(name, field_selector="metadata.name=default").items
-        ),
-        f"ServiceAccount {name}/default",
-    )
-    yield name
-    core.delete_namespace(name)
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:30].strip("-")
+    with fresh_namespace(platform.cluster, f"e2e-{slug}-{uuid.uuid4().hex[:5]}") as name:
+        yield name
 
 
 @pytest.fixture
