@@ -18,6 +18,7 @@ from kube_ddp.api import DDPTrainingJob, describe_errors, load_job
 from kube_ddp.builders import BuildSettings, build_children
 from kube_ddp.config import LeaseSettings, OperatorConfig, default_namespace
 from kube_ddp.crd import custom_resource_definition
+from kube_ddp.local import command as local_command
 
 EXIT_USAGE = 2
 DEFAULTS = OperatorConfig()
@@ -162,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--attempt", type=int, default=0, help="the group restart count to render (default 0)"
     )
     render.set_defaults(run=cmd_render)
+
+    local_command.add_parser(commands)
 
     operator = commands.add_parser("operator", help="run the operator")
     scope = operator.add_mutually_exclusive_group()

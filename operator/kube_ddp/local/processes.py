@@ -1,0 +1,139 @@
+"""A worker pod as a local process, seen by the status core as the PodView a real pod gives.
+
+Each worker runs in its own session (process group), so stopping it reaches whatever it
+started (torchrun's workers, DataLoader processes), and a Ctrl-C at the terminal reaches only
+the runner, which then stops every group itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from kube_ddp.local.plan import WorkerLaunch
+from kube_ddp.status import PodView
+
+# What the container runtime reports for a command it cannot start (containerd: StartError).
+START_ERROR_EXIT_CODE = 128
+
+LineSink = Callable[[WorkerLaunch, str], None]
+
+
+def exit_code_of(returncode: int) -> int:
+    """A container's exit code: 128 + the signal for a process killed by one (137: SIGKILL)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class LocalPod:
+    """One worker process and its lifecycle: Running, then Succeeded or Failed; deleted by
+    stop() (SIGTERM to its group, SIGKILL after the grace period)."""
+
+    def __init__(self, launch: WorkerLaunch, on_line: LineSink, on_exit: Callable[[], None]):
+        self.launch = launch
+        self._on_line = on_line
+        self._on_exit = on_exit
+        self._process: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self.exit_code: int | None = None
+        self.reason: str | None = None
+        self.message: str | None = None
+        self.started_at = time.monotonic()
+        self.ended_at: float | None = None
+        self.finished_at: str | None = None  # the moment it ended, as a sortable timestamp
+        self.stop_requested_at: float | None = None
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def name(self) -> str:
+        return self.launch.pod
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_code is None
+
+    def start(self) -> None:
+        try:
+            self._process = subprocess.Popen(
+                self.launch.argv,
+                env=self.launch.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as error:
+            self._ended(START_ERROR_EXIT_CODE, "StartError", f"{self.launch.argv[0]}: {error}")
+            return
+        for target, role in ((self._wait, "wait"), (self._pump, "log")):
+            thread = threading.Thread(target=target, name=f"{self.name}-{role}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _wait(self) -> None:
+        assert self._process is not None
+        code = exit_code_of(self._process.wait())
+        self._ended(code, "Completed" if code == 0 else "Error", None)
+
+    def _ended(self, code: int, reason: str, message: str | None) -> None:
+        with self._lock:
+            self.ended_at = time.monotonic()
+            self.finished_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            self.reason, self.message = reason, message
+            self.exit_code = code
+        self._on_exit()
+
+    def _pump(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        for raw in self._process.stdout:
+            self._on_line(self.launch, raw.decode(errors="replace").rstrip("\r\n"))
+
+    def view(self) -> PodView:
+        with self._lock:
+            code = self.exit_code
+            phase = "Running" if code is None else "Succeeded" if code == 0 else "Failed"
+            return PodView(
+                name=self.name,
+                index=self.launch.index,
+                attempt=self.launch.attempt,
+                phase=phase,
+                deleting=self.stop_requested_at is not None,
+                exit_code=code,
+                reason=self.reason if code else None,
+                message=self.message,
+                finished_at=self.finished_at,
+                scheduled=True,
+            )
+
+    def stop(self) -> None:
+        """Delete the pod: SIGTERM now to the whole group; kill_if_overdue() does the rest."""
+        if self.stop_requested_at is None:
+            self.stop_requested_at = time.monotonic()
+            self._signal(signal.SIGTERM)
+
+    def kill_if_overdue(self, grace_s: float) -> None:
+        stopping = self.stop_requested_at is not None and self.alive
+        if stopping and time.monotonic() - (self.stop_requested_at or 0) >= grace_s:
+            self._signal(signal.SIGKILL)
+
+    def reap(self, timeout_s: float = 5.0) -> None:
+        """After the process ended: kill what its group left behind, drain its log."""
+        self._signal(signal.SIGKILL)
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+    def _signal(self, signum: signal.Signals) -> None:
+        if self._process is None:
+            return
+        # Its session's id is its pid; once the whole group is gone there is nothing to do.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signum)
