@@ -1,0 +1,418 @@
+"""`kube-ddp run --local` without torch: fitting a job to the machine, pods turned into
+processes with the pod's env, the progress endpoint, and whole runs of small Python workers
+(real processes and signals) decided by the operator's status core."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ddp_trainer.report import StatusReporter, training_patch
+from kube_ddp import names
+from kube_ddp.builders import worker_env
+from kube_ddp.local.endpoint import StatusEndpoint
+from kube_ddp.local.plan import (
+    LocalRunError,
+    LocalSettings,
+    Machine,
+    Overrides,
+    fit_job,
+    worker_launches,
+)
+from kube_ddp.local.processes import exit_code_of
+from tests.unit.support import REPO, job_document, make_job
+
+CPU_ONLY = Machine(gpus=(), cpus=2)
+FOUR_GPUS = Machine(gpus=("0", "1", "2", "3"), cpus=16)
+KUBE_DDP = [str(Path(sys.executable).parent / "kube-ddp")]
+RUN_TIMEOUT_S = 60
+
+
+def settings(machine: Machine = CPU_ONLY) -> LocalSettings:
+    return LocalSettings(machine, "http://127.0.0.1:9", Path("/nonexistent/token"))
+
+
+# --- fitting a job to this machine ---------------------------------------------------------
+
+
+def test_a_cpu_job_fits_on_a_free_port() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        job = make_job(nodes=2, port=port, trainer={"dataset": "digits"})
+        fitted = fit_job(job, Overrides(), CPU_ONLY)
+    assert fitted.spec.port != port
+    assert fitted.spec.model_copy(update={"port": port}) == job.spec
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ({"nodes": 2, "launcher": "mpi"}, "launcher: mpi cannot run locally"),
+        ({"nodes": 1, "runPolicy": {"suspend": True}}, "runPolicy.suspend is true"),
+        ({"nodes": 1, "accelerator": {"type": "gaudi", "perNode": 8}}, "pass --cpu"),
+        (
+            {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}},
+            "2 workers x 8 nvidia.com/gpu = 16 GPUs and this machine has 4: pass --nodes 1 "
+            "--nproc-per-node 4, or --cpu",
+        ),
+    ],
+)
+def test_jobs_that_cannot_run_here_say_what_to_pass(spec: dict[str, Any], words: str) -> None:
+    with pytest.raises(LocalRunError, match=words.replace(".", r"\.")):
+        fit_job(make_job(**spec), Overrides(), FOUR_GPUS)
+
+
+def test_overrides_fit_a_gpu_job_to_the_machine_or_to_the_cpu() -> None:
+    job = make_job(nodes=2, accelerator={"type": "nvidia", "perNode": 8}, backend="nccl")
+    fitted = fit_job(job, Overrides(nodes=2, nproc_per_node=2), FOUR_GPUS)
+    assert (fitted.spec.nodes, fitted.spec.procs_per_node, fitted.spec.accelerator.per_node) == (
+        2,
+        2,
+        2,
+    )
+    on_cpu = fit_job(job, Overrides(cpu=True), CPU_ONLY)
+    assert (on_cpu.spec.accelerator.type, on_cpu.spec.effective_backend) == ("cpu", "gloo")
+
+
+def test_overrides_are_validated_like_the_file() -> None:
+    job = make_job(nodes=2, elastic={"minNodes": 2, "maxNodes": 4})
+    with pytest.raises(LocalRunError, match=r"nodes must lie within elastic\.minNodes"):
+        fit_job(job, Overrides(nodes=1), CPU_ONLY)
+
+
+# --- pods as processes -----------------------------------------------------------------------
+
+
+def test_a_torchrun_pod_runs_its_command_with_the_env_contract(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Launcher variables of the calling shell must not reach the workers.
+    monkeypatch.setenv("RANK", "7")
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    job = fit_job(make_job(nodes=2, nprocPerNode=2, trainer={"epochs": 1}), Overrides(), CPU_ONLY)
+    port = str(job.spec.port)
+    first, second = worker_launches(job, 0, (0, 1), settings())
+    assert second.argv == [
+        "torchrun",
+        "--nnodes=2",
+        "--nproc-per-node=2",
+        "--node-rank=1",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+        "-m",
+        "ddp_trainer",
+        "--epochs",
+        "1",
+    ]
+    master = names.master_addr(job.name, job.namespace)
+    for launch in (first, second):
+        built = {e["name"]: e["value"] for e in worker_env(job, launch.index, 0)}
+        assert built["MASTER_ADDR"] == master
+        # Every variable of the contract, as the builders set it; only the address is local.
+        assert launch.pod_env == {k: v.replace(master, "127.0.0.1") for k, v in built.items()}
+        assert {k: launch.env[k] for k in built} == launch.pod_env
+        assert launch.env["CUDA_VISIBLE_DEVICES"] == ""  # a cpu pod sees no GPU
+        assert launch.env["OMP_NUM_THREADS"] == "1"  # 2 cores shared by 4 processes
+        assert launch.env["PATH"].startswith(str(Path(sys.executable).parent) + os.pathsep)
+        assert "RANK" not in launch.env
+        assert "SLURM_PROCID" not in launch.env and "TORCHELASTIC_RUN_ID" not in launch.env
+    assert (first.pod_env["NODE_RANK"], second.pod_env["NODE_RANK"]) == ("0", "1")
+    assert second.pod_env["WORLD_SIZE"] == "4"
+
+
+def test_the_users_env_is_expanded_as_the_kubelet_does() -> None:
+    spec = {
+        "nodes": 2,
+        "command": ["sh", "-c", "echo $(ENDPOINT) $$(NODE_RANK) $(UNDEFINED)"],
+        "env": [
+            {"name": "ENDPOINT", "value": "tcp://$(MASTER_ADDR):$(MASTER_PORT)/$(NODE_RANK)"},
+            {"name": "PEER", "value": "bar-worker-1.bar.ns1.svc.cluster.local:80"},
+            {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "INDEX", "valueFrom": {"fieldRef": {"fieldPath": REPLICA_LABEL_PATH}}},
+        ],
+    }
+    job = fit_job(make_job(**spec), Overrides(), CPU_ONLY)
+    launch = worker_launches(job, 0, (1,), settings())[0]
+    endpoint = f"tcp://127.0.0.1:{job.spec.port}/1"
+    assert launch.argv == ["sh", "-c", f"echo {endpoint} $(NODE_RANK) $(UNDEFINED)"]
+    assert launch.env["ENDPOINT"] == endpoint
+    assert launch.env["PEER"] == "127.0.0.1:80"  # every worker's DNS name is this machine
+    assert (launch.env["POD"], launch.env["INDEX"]) == ("bar-worker-1", "1")
+
+
+REPLICA_LABEL_PATH = f"metadata.labels['{names.LABEL_REPLICA_INDEX}']"
+
+
+def test_a_secret_has_no_local_value() -> None:
+    secret = {"secretKeyRef": {"name": "s3", "key": "token"}}
+    job = fit_job(
+        make_job(nodes=1, env=[{"name": "TOKEN", "valueFrom": secret}]), Overrides(), CPU_ONLY
+    )
+    with pytest.raises(LocalRunError, match=r"spec\.env TOKEN: valueFrom .*secretKeyRef"):
+        worker_launches(job, 0, (0,), settings())
+
+
+def test_each_gpu_pod_gets_its_own_devices() -> None:
+    job = fit_job(
+        make_job(nodes=2, accelerator={"type": "nvidia", "perNode": 2}), Overrides(), FOUR_GPUS
+    )
+    launches = worker_launches(job, 3, (0, 1), settings(FOUR_GPUS))
+    assert [launch.env["CUDA_VISIBLE_DEVICES"] for launch in launches] == ["0,1", "2,3"]
+    assert [launch.attempt for launch in launches] == [3, 3]
+    assert launches[0].env["OMP_NUM_THREADS"] == "4"
+
+
+@pytest.mark.parametrize(("returncode", "code"), [(0, 0), (3, 3), (-9, 137), (-15, 143)])
+def test_a_signal_is_an_exit_code_above_128(returncode: int, code: int) -> None:
+    assert exit_code_of(returncode) == code
+
+
+# --- progress: the trainer's own reporter against the runner's endpoint -------------------
+
+
+def test_the_trainers_reporter_patches_the_local_endpoint(tmp_path: Path) -> None:
+    job = make_job(nodes=2)
+    with StatusEndpoint(job, tmp_path) as endpoint:
+        env = {
+            "KUBEDDP_JOB_NAME": job.name,
+            "KUBEDDP_JOB_NAMESPACE": job.namespace,
+            "KUBEDDP_API_SERVER": endpoint.url,
+            "KUBEDDP_TOKEN_FILE": str(endpoint.token_file),
+        }
+        reporter = StatusReporter.from_env(env)
+        assert reporter is not None
+        patch = training_patch(
+            epoch=3,
+            epochs=12,
+            loss=0.25,
+            val_accuracy=0.9,
+            best_val_accuracy=0.91,
+            images_per_sec=1234.5,
+            now=datetime.now(UTC),
+        )
+        assert reporter.report(patch)
+        progress = endpoint.progress()
+        assert progress is not None
+        assert (progress.epoch, progress.val_accuracy, progress.images_per_sec) == (3, 0.9, 1234.5)
+
+        other_job = StatusReporter.from_env({**env, "KUBEDDP_JOB_NAME": "other"})
+        assert other_job is not None and not other_job.report(patch, final=True)  # 404
+        (tmp_path / "stolen").write_text("not-the-token")
+        wrong_token = StatusReporter.from_env(
+            {**env, "KUBEDDP_TOKEN_FILE": str(tmp_path / "stolen")}
+        )
+        assert wrong_token is not None and not wrong_token.report(patch, final=True)  # 401
+        assert endpoint.reports == 1
+
+
+# --- whole runs of small Python workers --------------------------------------------------
+
+
+def write_job(tmp_path: Path, spec: dict[str, Any], name: str = "bar") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job_document(spec, name=name)))
+    return path
+
+
+def python_workers(script: str, nodes: int = 2, **spec: Any) -> dict[str, Any]:
+    """A job whose workers run `script` (env: NODE_RANK, KUBEDDP_ATTEMPT, OUT)."""
+    return {"nodes": nodes, "command": ["python", "-c", script], **spec}
+
+
+def run_cli(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*KUBE_DDP, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def out_env(tmp_path: Path) -> list[dict[str, str]]:
+    return [{"name": "OUT", "value": str(tmp_path)}]
+
+
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie nobody reaps (PID 1 does not, here)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_success_of_worker_0_completes_the_job_and_stops_the_rest(tmp_path: Path) -> None:
+    script = (
+        "import os, sys, time; from pathlib import Path\n"
+        "Path(os.environ['OUT'], 'pid-' + os.environ['NODE_RANK']).write_text(str(os.getpid()))\n"
+        "if os.environ['NODE_RANK'] == '0':\n"
+        "    time.sleep(1); print('rank 0 done'); sys.exit(0)\n"
+        "time.sleep(600)\n"
+    )
+    job = write_job(tmp_path, python_workers(script, env=out_env(tmp_path)))
+    done = run_cli("run", "--local", str(job))
+    assert done.returncode == 0, done.stderr
+    assert "[worker-0] rank 0 done" in done.stdout
+    assert "Normal WorkerSucceeded: bar-worker-0 completed" in done.stderr
+    assert "phase         Succeeded" in done.stderr
+    rows = [line.split() for line in done.stderr.splitlines() if line.startswith("bar-worker-")]
+    assert [(r[0], r[3], r[4]) for r in rows] == [
+        ("bar-worker-0", "0", "Completed"),
+        ("bar-worker-1", "143", "stopped"),  # cleanPodPolicy Running: SIGTERM
+    ]
+    assert not alive(int((tmp_path / "pid-1").read_text()))
+
+
+def test_a_non_retryable_exit_fails_the_job_with_the_first_failure(tmp_path: Path) -> None:
+    script = (
+        "import os, sys, time\n"
+        "if os.environ['NODE_RANK'] == '1':\n"
+        "    print('bad input', file=sys.stderr); sys.exit(3)\n"
+        "time.sleep(600)\n"
+    )
+    done = run_cli("run", "--local", str(write_job(tmp_path, python_workers(script))))
+    assert done.returncode == 1, done.stderr
+    assert "[worker-1] bad input" in done.stdout
+    assert "Warning NonRetryableExitCode: bar-worker-1 exited with code 3" in done.stderr
+    assert "failure       bar-worker-1 exit 3 (Error)" in done.stderr
+
+
+def test_a_killed_worker_restarts_the_group(tmp_path: Path) -> None:
+    """Attempt 0: worker 1 is killed by SIGKILL (137, retryable); the whole group is
+    recreated as attempt 1 with KUBEDDP_ATTEMPT=1, which succeeds."""
+    script = (
+        "import os, signal, sys, time\n"
+        "attempt, rank = os.environ['KUBEDDP_ATTEMPT'], os.environ['NODE_RANK']\n"
+        "print(f'attempt {attempt}')\n"
+        "if attempt == '0' and rank == '1':\n"
+        "    time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(600 if attempt == '0' else 1 if rank == '0' else 0)\n"
+    )
+    done = run_cli("run", "--local", str(write_job(tmp_path, python_workers(script))))
+    assert done.returncode == 0, done.stderr
+    assert (
+        "Warning WorkerFailed: bar-worker-1 exited with code 137 (Error); restarting the group "
+        "(restart 1 of at most 3)"
+    ) in done.stderr
+    assert done.stdout.count("attempt 0") == 2 and done.stdout.count("attempt 1") == 2
+    rows = [line.split() for line in done.stderr.splitlines() if line.startswith("bar-worker-")]
+    assert [(r[0], r[1], r[3]) for r in rows] == [
+        ("bar-worker-0", "0", "143"),  # stopped for the restart
+        ("bar-worker-1", "0", "137"),
+        ("bar-worker-0", "1", "0"),
+        ("bar-worker-1", "1", "0"),
+    ]
+    assert "restarts      1" in done.stderr
+
+
+def test_backoff_limit_then_failed(tmp_path: Path) -> None:
+    script = "import os, signal, time\ntime.sleep(0.3)\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    spec = python_workers(script, nodes=1, runPolicy={"backoffLimit": 1})
+    done = run_cli("run", "--local", str(write_job(tmp_path, spec)))
+    assert done.returncode == 1, done.stderr
+    assert "restart 1 of at most 1" in done.stderr
+    assert "Warning BackoffLimitExceeded: bar-worker-0 exited with code 137" in done.stderr
+
+
+def test_active_deadline_stops_the_workers(tmp_path: Path) -> None:
+    spec = python_workers("import time; time.sleep(600)", runPolicy={"activeDeadlineSeconds": 1})
+    started = time.monotonic()
+    done = run_cli("run", "--local", "--grace-period=2", str(write_job(tmp_path, spec)))
+    assert done.returncode == 1, done.stderr
+    assert "Warning DeadlineExceeded: The job ran longer than activeDeadlineSeconds (1s)" in (
+        done.stderr
+    )
+    assert time.monotonic() - started < 20
+
+
+def test_logs_go_to_files_per_pod_and_attempt(tmp_path: Path) -> None:
+    script = "import os; print('hello from', os.environ['NODE_RANK'])"
+    logs = tmp_path / "logs"
+    done = run_cli(
+        "run", "--local", f"--logs={logs}", str(write_job(tmp_path, python_workers(script)))
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[worker-" not in done.stdout
+    assert (logs / "bar-worker-0-attempt-0.log").read_text() == "hello from 0\n"
+
+
+@pytest.fixture
+def interrupted_run(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """A run whose workers each start a grandchild, all sleeping; ended by the test."""
+    script = (
+        "import os, subprocess, time; from pathlib import Path\n"
+        "child = subprocess.Popen(['sleep', '600'])\n"
+        "out = Path(os.environ['OUT'])\n"
+        "(out / ('pids-' + os.environ['NODE_RANK'])).write_text(f'{os.getpid()} {child.pid}')\n"
+        "time.sleep(600)\n"
+    )
+    job = write_job(tmp_path, python_workers(script, env=out_env(tmp_path)))
+    process = subprocess.Popen(
+        [*KUBE_DDP, "run", "--local", str(job)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    yield process, tmp_path
+    process.kill()
+    process.wait()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_stops_every_process_it_started(
+    interrupted_run: tuple[subprocess.Popen[str], Path], signum: signal.Signals
+) -> None:
+    process, out = interrupted_run
+    deadline = time.monotonic() + 30
+    pid_files = [out / "pids-0", out / "pids-1"]
+    while not all(f.exists() and f.read_text() for f in pid_files):
+        assert time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.1)
+    pids = [int(pid) for f in pid_files for pid in f.read_text().split()]
+    assert all(alive(pid) for pid in pids)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130, stderr
+    assert "interrupted: stopped every worker process it started (bar-worker-0 (pid" in stderr
+    assert "Traceback" not in stderr
+    assert [pid for pid in pids if alive(pid)] == []  # workers and their children
+
+
+@pytest.mark.parametrize(
+    ("args", "spec", "words"),
+    [
+        ((), {"nodes": 0}, "bar.yaml: spec.nodes: Input should be greater than or equal to 1"),
+        ((), {"nodes": 1, "replicas": 2}, "bar.yaml: spec.replicas: unknown field"),
+        (("--nodes=0",), {"nodes": 1}, "--nodes must be at least 1, got 0"),
+        ((), {"nodes": 1, "launcher": "mpi"}, "launcher: mpi cannot run locally"),
+        (
+            ("--nodes=3",),
+            {"nodes": 2, "elastic": {"minNodes": 1, "maxNodes": 2}},
+            "with the command-line overrides: spec: nodes must lie within",
+        ),
+    ],
+)
+def test_an_invalid_file_or_option_exits_2_naming_the_problem(
+    tmp_path: Path, args: tuple[str, ...], spec: dict[str, Any], words: str
+) -> None:
+    done = run_cli("run", "--local", *args, str(write_job(tmp_path, spec)))
+    assert done.returncode == 2
+    assert words in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_run_without_local_says_how_to_run_on_a_cluster() -> None:
+    done = run_cli("run", str(REPO / "manifests/examples/digits-cpu.yaml"))
+    assert done.returncode == 2
+    assert "pass --local" in done.stderr and "kubectl apply -f" in done.stderr
