@@ -1,0 +1,108 @@
+"""`kube-ddp run --local` of real training jobs: the operator's pods as processes, wired by
+the env contract, training with gloo on the bundled digits, reporting progress to the runner."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.trainer import support
+
+KUBE_DDP = str(Path(sys.executable).parent / "kube-ddp")
+DIGITS = {"dataset": "digits", "model": "mlp", "batchSize": 32, "timeoutSeconds": 60}
+
+
+def run_job(tmp_path: Path, spec: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+    document = {
+        "apiVersion": "kubeddp.io/v1alpha1",
+        "kind": "DDPTrainingJob",
+        "metadata": {"name": "digits"},
+        "spec": spec,
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return subprocess.run(
+        [KUBE_DDP, "run", "--local", *args, str(path)],
+        env=support.clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=support.RUN_TIMEOUT_S,
+        check=False,
+    )
+
+
+def epochs_of_rank_0(stdout: str) -> list[dict[str, Any]]:
+    prefix = "[worker-0] {"
+    return [
+        json.loads(line[len("[worker-0] ") :])
+        for line in stdout.splitlines()
+        if line.startswith(prefix)
+    ]
+
+
+def placements(stdout: str) -> set[str]:
+    return set(
+        re.findall(
+            r"rank=\d+ world_size=\d+ local_rank=\d+ local_world_size=\d+ node_rank=\d+", stdout
+        )
+    )
+
+
+def summary_value(stderr: str, key: str) -> str:
+    return next(
+        line[len(key) :].strip() for line in stderr.splitlines() if line.startswith(key + " ")
+    )
+
+
+def test_two_workers_of_one_process_train_to_succeeded(tmp_path: Path) -> None:
+    done = run_job(tmp_path, {"nodes": 2, "trainer": {**DIGITS, "epochs": 2}})
+    assert done.returncode == 0, done.stderr
+    assert placements(done.stdout) == {
+        "rank=0 world_size=2 local_rank=0 local_world_size=1 node_rank=0",
+        "rank=1 world_size=2 local_rank=0 local_world_size=1 node_rank=1",
+    }
+    assert "launcher=env backend=gloo device=cpu" in done.stdout
+    assert [epoch["epoch"] for epoch in epochs_of_rank_0(done.stdout)] == [1, 2]
+    assert summary_value(done.stderr, "phase") == "Succeeded"
+    # Progress came through the trainer's reporter to the runner's endpoint.
+    assert summary_value(done.stderr, "epochs") == "2/2"
+    last = epochs_of_rank_0(done.stdout)[-1]
+    assert summary_value(done.stderr, "val-acc") == f"{last['val_accuracy']:.4f}"
+
+
+def test_two_workers_of_two_processes_under_torchrun(tmp_path: Path) -> None:
+    done = run_job(tmp_path, {"nodes": 2, "nprocPerNode": 2, "trainer": {**DIGITS, "epochs": 1}})
+    assert done.returncode == 0, done.stderr
+    assert "digits-worker-1 (pid" in done.stderr and "torchrun --nnodes=2" in done.stderr
+    assert placements(done.stdout) == {
+        f"rank={rank} world_size=4 local_rank={rank % 2} local_world_size=2 node_rank={rank // 2}"
+        for rank in range(4)
+    }
+    assert "launcher=torchrun backend=gloo" in done.stdout
+    assert summary_value(done.stderr, "phase") == "Succeeded"
+
+
+def test_a_killed_worker_restarts_the_group_which_resumes_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    crash = [
+        {"name": "DDP_TRAINER_CRASH_ONCE_AT_EPOCH", "value": "1"},
+        {"name": "DDP_TRAINER_CRASH_MARKER", "value": str(tmp_path / "crashed")},
+    ]
+    trainer = {**DIGITS, "epochs": 3, "checkpointDir": str(tmp_path / "checkpoints")}
+    done = run_job(tmp_path, {"nodes": 2, "trainer": trainer, "env": crash})
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "crashed").exists()
+    assert (
+        "Warning WorkerFailed: digits-worker-1 exited with code 137 (Error); restarting the group"
+    ) in done.stderr
+    # Attempt 0 trained epoch 1 and was killed; attempt 1 resumed at epoch 2.
+    assert [epoch["epoch"] for epoch in epochs_of_rank_0(done.stdout)] == [1, 2, 3]
+    assert summary_value(done.stderr, "restarts") == "1"
+    assert summary_value(done.stderr, "phase") == "Succeeded"
