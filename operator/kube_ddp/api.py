@@ -30,6 +30,7 @@ from pydantic_core import CoreSchema
 
 from ddp_trainer.options import TrainerOptions
 from kube_ddp import names
+from kube_ddp.server_input import as_the_server_reads
 
 
 @dataclass(frozen=True)
@@ -646,6 +647,21 @@ class DDPTrainingJob(Model):
     spec: DDPTrainingJobSpec
     status: JobStatus | None = None
 
+    @field_validator("spec", mode="wrap")
+    @classmethod
+    def _typed_as_the_api_server_does(cls, value: Any, handler: Any) -> Any:
+        """Strict types, nulls as unset: `render` accepts exactly what the server accepts
+        (kube_ddp.server_input). Only the spec: status comes from the server, already typed,
+        with timestamps as strings."""
+        if isinstance(value, DDPTrainingJobSpec):
+            return value
+        return DDPTrainingJobSpec.model_validate(
+            as_the_server_reads(value, DDPTrainingJobSpec),
+            strict=True,
+            by_alias=True,  # camelCase, as in a job file and on the server
+            by_name=False,
+        )
+
     @property
     def name(self) -> str:
         return self.metadata.name
@@ -665,6 +681,32 @@ def load_job(document: Any, namespace: str | None = None) -> DDPTrainingJob:
     return job
 
 
+# A value of the wrong JSON type; as on the API server, nothing is converted.
+_TYPE_ERRORS = frozenset(
+    {
+        "int_type",
+        "int_from_float",
+        "float_type",
+        "bool_type",
+        "string_type",
+        "dict_type",
+        "list_type",
+        "model_type",
+    }
+)
+
+
+def _what_was_given(value: Any, expected: str) -> str:
+    if isinstance(value, str):
+        return f" (got the string {value!r}: write it without quotes)"
+    if isinstance(value, bool):
+        return f" (got the boolean {str(value).lower()})"
+    if isinstance(value, int | float):
+        return f" (got the number {value}" + (": quote it)" if expected == "string_type" else ")")
+    kinds = {type(None): "null", dict: "a mapping", list: "a list"}
+    return f" (got {kinds.get(type(value), type(value).__name__)})"
+
+
 def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
     """One line per problem: the field path as written in YAML, then what is wrong."""
     lines = []
@@ -680,5 +722,7 @@ def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
         shown = item.get("input")
         if item["type"] in ("literal_error", "enum") and shown is not None:
             message += f" (got {shown!r})"
+        elif item["type"] in _TYPE_ERRORS:
+            message += _what_was_given(shown, item["type"])
         lines.append(f"{path or '<document>'}: {message}")
     return lines
