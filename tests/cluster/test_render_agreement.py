@@ -1,0 +1,188 @@
+"""`kube-ddp render` and the API server agree on every spec: generated specs, valid and broken
+(wrong JSON types, nulls, whole and fractional numbers, out-of-range values, cross-field rule
+breaks), go to both `render` and a server-side dry run; any disagreement fails. A spec both
+accept must also mean the same: the server's defaulted object reads back as render's."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kube_ddp import cli, names
+from kube_ddp.api import load_job
+from tests.cluster.support import Cluster
+
+EXAMPLES = 200  # about 50 ms each against the local server; 1500 also agreed
+
+# Values of the wrong JSON type, and nulls (the server prunes them: unset, then defaulted).
+# Floats are written with a dot: the YAML reader would take `1e+20` for a string.
+WRONG_TYPES = st.sampled_from(["2", "true", "", "abc", True, False, None, [], {}, 2.5, -0.5])
+
+
+def integers(low: int, high: int) -> st.SearchStrategy[Any]:
+    """Integers in and around [low, high], the same as whole floats, and wrong types."""
+    edges = st.sampled_from([low - 1, low, high, high + 1])
+    valid = st.integers(low, min(high, low + 50))
+    return st.one_of(valid, edges, edges.map(float), valid.map(float), WRONG_TYPES)
+
+
+def one_of_words(*words: str) -> st.SearchStrategy[Any]:
+    return st.one_of(st.sampled_from(words), st.sampled_from(["Auto", "other"]), WRONG_TYPES)
+
+
+def optional_fields(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries({}, optional=fields)
+
+
+LABELS = st.dictionaries(
+    st.sampled_from(["team", "kubeddp.io/job-name", "tier"]),
+    st.one_of(st.sampled_from(["a", "b-1"]), st.none(), st.integers(0, 3)),
+    max_size=2,
+)
+QUANTITY = st.one_of(
+    st.sampled_from(["2", "500m", "4Gi", "1.5", "2 cpus", "", "nvidia"]),
+    st.integers(0, 8),
+    st.sampled_from([2.0, 0.5, True, None]),
+)
+ENV_VAR = st.one_of(
+    optional_fields(
+        value=st.one_of(st.sampled_from(["x", "$(MASTER_ADDR)", ""]), WRONG_TYPES),
+        valueFrom=st.sampled_from([{"fieldRef": {"fieldPath": "metadata.name"}}, None, "x"]),
+    ).flatmap(
+        lambda rest: st.sampled_from(["DATA", "MASTER_ADDR", "A=B", "", 3]).map(
+            lambda name: {"name": name, **rest}
+        )
+    ),
+    st.none(),
+)
+
+SPEC = st.fixed_dictionaries(
+    {"nodes": integers(1, 1024)},
+    optional={
+        "accelerator": st.one_of(
+            optional_fields(
+                type=one_of_words("cpu", "nvidia", "gaudi", "amd"), perNode=integers(1, 64)
+            ),
+            st.none(),
+        ),
+        "nprocPerNode": integers(1, 256),
+        "launcher": one_of_words("torchrun", "mpi"),
+        "backend": one_of_words("auto", "nccl", "hccl", "gloo"),
+        "port": integers(1024, 65535),
+        "image": st.one_of(st.sampled_from(["ghcr.io/x/y:1", ""]), WRONG_TYPES),
+        "imagePullPolicy": one_of_words("Always", "IfNotPresent", "Never"),
+        "trainer": st.one_of(
+            optional_fields(
+                epochs=integers(1, 1000),
+                lr=st.one_of(st.sampled_from([0.1, 1, 0.0, -1.0]), WRONG_TYPES),
+                dataset=one_of_words("digits", "mnist", "cifar10"),
+                download=st.one_of(st.booleans(), WRONG_TYPES),
+                wrnDepth=st.one_of(st.sampled_from([16, 16.0, 17, 10]), WRONG_TYPES),
+            ),
+            st.none(),
+        ),
+        "command": st.one_of(
+            st.lists(st.one_of(st.sampled_from(["python", "-c", "pass"]), WRONG_TYPES), max_size=3),
+            st.none(),
+        ),
+        "args": st.one_of(st.lists(st.sampled_from(["--x", "1"]), max_size=2), WRONG_TYPES),
+        "env": st.one_of(st.lists(ENV_VAR, max_size=2), st.none()),
+        "resources": st.one_of(
+            optional_fields(limits=st.dictionaries(st.sampled_from(["cpu", "memory"]), QUANTITY)),
+            st.none(),
+        ),
+        "template": st.one_of(
+            optional_fields(
+                labels=LABELS,
+                nodeSelector=LABELS,
+                affinity=st.one_of(
+                    st.sampled_from([{"nodeAffinity": None}, {"a": 1.0}]), st.none()
+                ),
+                schedulerName=st.one_of(st.just("volcano"), WRONG_TYPES),
+            ),
+            st.none(),
+        ),
+        "elastic": st.one_of(
+            optional_fields(minNodes=integers(1, 1024), maxNodes=integers(1, 1024)), st.none()
+        ),
+        "runPolicy": st.one_of(
+            optional_fields(
+                backoffLimit=integers(0, 100),
+                restartPolicy=one_of_words("OnFailure", "ExitCode", "Never"),
+                retryableExitCodes=st.one_of(st.lists(integers(1, 255), max_size=2), st.none()),
+                activeDeadlineSeconds=integers(1, 10**6),
+                suspend=st.one_of(st.booleans(), WRONG_TYPES),
+                cleanPodPolicy=one_of_words("Running", "All", "None"),
+            ),
+            st.none(),
+        ),
+    },
+)
+
+
+def job_document(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": "agree", "namespace": "default"},
+        "spec": spec,
+    }
+
+
+def render(document: dict[str, Any], path: Path) -> tuple[bool, str]:
+    """`kube-ddp render` on the document written as a file: accepted, and its stderr."""
+    path.write_text(json.dumps(document))  # JSON is YAML; the reader is render's own
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli.main(["render", str(path)])
+    assert code in (0, cli.EXIT_USAGE), err.getvalue()
+    return code == 0, err.getvalue()
+
+
+def dry_run(cluster: Cluster, document: dict[str, Any]) -> tuple[bool, Any]:
+    """A server-side dry run of creating the job: accepted, and the object or the refusal."""
+    try:
+        created = cluster.custom_objects.create_namespaced_custom_object(
+            names.GROUP,
+            names.VERSION,
+            "default",
+            names.PLURAL,
+            document,
+            dry_run="All",
+            field_validation="Strict",
+        )
+    except kubernetes.client.ApiException as error:
+        assert error.status in (400, 422), error  # refused as invalid, nothing else
+        return False, json.loads(error.body).get("message")
+    return True, created
+
+
+def test_render_and_the_api_server_agree(cluster: Cluster, crd: None, tmp_path: Path) -> None:
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        database=None,  # every run draws afresh; a failure prints its spec
+    )
+    @given(spec=SPEC)
+    def agree(spec: dict[str, Any]) -> None:
+        document = job_document(spec)
+        rendered, render_errors = render(document, tmp_path / "job.yaml")
+        accepted, answer = dry_run(cluster, document)
+        assert rendered == accepted, (
+            f"render {'accepts' if rendered else 'refuses'} and the API server "
+            f"{'accepts' if accepted else 'refuses'} spec {json.dumps(spec)}\n"
+            f"render: {render_errors or 'ok'}\nserver: {answer if not accepted else 'ok'}"
+        )
+        if accepted:
+            # The same job: the server's nulls pruned and defaults applied are render's.
+            assert load_job(answer).spec == load_job(document).spec
+
+    agree()
