@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from kube_ddp import names
+from kube_ddp import clusterview, names
 from kube_ddp.api import DDPTrainingJob, describe_errors, load_job
 from kube_ddp.builders import BuildSettings, build_children
 from kube_ddp.config import LeaseSettings, OperatorConfig, default_namespace
@@ -165,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.set_defaults(run=cmd_render)
 
     local_command.add_parser(commands)
+    clusterview.add_parsers(commands)
 
     operator = commands.add_parser("operator", help="run the operator")
     scope = operator.add_mutually_exclusive_group()

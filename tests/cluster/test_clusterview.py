@@ -1,0 +1,137 @@
+"""`kube-ddp describe` and `kube-ddp logs` against the real API server, over kubectl with the
+user's kubeconfig conventions. The pods are kwok's, so they have no logs: what `logs` says
+then is tested, and no log is faked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kube_ddp import names
+from tests.cluster.operator_support import Jobs, OperatorProcess, job_manifest
+from tests.cluster.support import Cluster
+
+KUBE_DDP = str(Path(sys.executable).parent / "kube-ddp")
+KUBECTL_DDP = str(Path(sys.executable).parent / "kubectl-ddp")
+
+
+def kube_ddp(
+    cluster: Cluster, *args: str, binary: str = KUBE_DDP, kubeconfig_env: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """The CLI with kubectl from the cluster's bin dir and the admin kubeconfig, given as
+    --kubeconfig or, like kubectl users do, as $KUBECONFIG."""
+    env = {**os.environ, "KUBECTL": str(cluster.bin_dir / "kubectl")}
+    flags = []
+    if kubeconfig_env:
+        env["KUBECONFIG"] = str(cluster.kubeconfig)
+    else:
+        env.pop("KUBECONFIG", None)
+        flags = [f"--kubeconfig={cluster.kubeconfig}"]
+    return subprocess.run(
+        [binary, *args, *flags], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def report_progress(jobs: Jobs, name: str) -> None:
+    """What the trainer's rank 0 writes: a merge patch of status.training."""
+    training = {
+        "epoch": 3,
+        "epochs": 12,
+        "loss": 0.4125,
+        "valAccuracy": 0.9123,
+        "bestValAccuracy": 0.93,
+        "imagesPerSec": 1234.0,
+        "updatedAt": "2026-11-23T16:00:00Z",
+    }
+    jobs.cluster.custom_objects.patch_namespaced_custom_object_status(
+        names.GROUP,
+        names.VERSION,
+        jobs.namespace,
+        names.PLURAL,
+        name,
+        {"status": {"training": training}},
+    )
+
+
+def test_describe_shows_a_restarted_job_on_one_screen(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create(job_manifest("bar", nodes=2, runPolicy={"backoffLimit": 2}))
+    jobs.wait_pods("bar", 2)
+    jobs.wait_phase("bar", "Running")
+    jobs.end_worker("bar-worker-1", 137)
+    jobs.wait_pods("bar", 2, attempt=1)
+    jobs.wait_phase("bar", "Running")
+    report_progress(jobs, "bar")
+
+    done = kube_ddp(cluster, "describe", "bar", "-n", jobs.namespace)
+    assert done.returncode == 0, done.stderr
+    screen = done.stdout
+    assert f"Namespace:    {jobs.namespace}\n" in screen
+    assert "Phase:        Running\n" in screen
+    assert "Restarts:     1 of at most 2\n" in screen
+    assert "Workers:      2 (2 running, 0 pending, 0 succeeded, 0 failed)\n" in screen
+    assert "Failure:      bar-worker-1 exit 137 (Error)" in screen
+    assert (
+        "Training:     epoch 3/12  loss 0.4125  val-acc 0.9123 (best 0.9300)  images/s 1234"
+    ) in screen
+    conditions = screen.split("Conditions:\n")[1].split("\n\n")[0]
+    assert any(
+        line.split()[:3] == ["Restarting", "False", "WorkersRunning"]
+        for line in conditions.splitlines()
+    )
+    pods = screen.split("Pods:\n")[1].split("\n\n")[0].splitlines()
+    rows = [line.split() for line in pods[1:]]
+    assert [(row[0], row[1], row[2]) for row in rows if row[1] == "Running"] == [
+        ("bar-worker-0", "Running", "1"),
+        ("bar-worker-1", "Running", "1"),
+    ]
+    events = screen.split("Events (last ")[1]
+    assert "WorkerFailed" in events and "bar-worker-1 exited with code 137" in events
+
+
+def test_the_kubectl_plugin_reads_kubeconfig_from_the_environment(
+    cluster: Cluster, jobs: Jobs
+) -> None:
+    jobs.create(job_manifest("idle", nodes=1))
+    done = kube_ddp(
+        cluster, "describe", "idle", "-n", jobs.namespace, binary=KUBECTL_DDP, kubeconfig_env=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Name:         idle\n" in done.stdout
+    assert "Phase:        -\n" in done.stdout  # no operator runs here
+    assert "Training:     no progress reported yet" in done.stdout
+
+
+def test_describe_of_a_missing_job_says_so(cluster: Cluster, jobs: Jobs) -> None:
+    done = kube_ddp(cluster, "describe", "nope", "-n", jobs.namespace)
+    assert done.returncode == 1
+    assert 'ddptrainingjobs.kubeddp.io "nope" not found' in done.stderr
+
+
+def test_logs_say_which_worker_has_none(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create(job_manifest("bar", nodes=2))
+    jobs.wait_pods("bar", 2)
+    done = kube_ddp(cluster, "logs", "bar", "-n", jobs.namespace)
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "[worker-0] no logs from bar-worker-0",
+        "[worker-1] no logs from bar-worker-1",
+    ]
+    assert all("the server could not find the requested resource" in line for line in lines)
+
+    only_one = kube_ddp(cluster, "logs", "bar", "--worker=1", "-n", jobs.namespace)
+    assert only_one.stderr.startswith("[worker-1] no logs from bar-worker-1")
+    missing = kube_ddp(cluster, "logs", "bar", "--worker=5", "-n", jobs.namespace)
+    assert (missing.returncode, missing.stderr) == (1, "job bar has no worker 5\n")
+
+
+def test_logs_of_a_job_without_pods(cluster: Cluster, jobs: Jobs) -> None:
+    done = kube_ddp(cluster, "logs", "nope", "-n", jobs.namespace)
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"no worker pods of job nope in namespace {jobs.namespace}")
