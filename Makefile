@@ -19,7 +19,7 @@ SYNCED := $(VENV)/.synced
 .PHONY: help venv test lint fmt crds manifests demo bench cluster-build cluster-up cluster-down cluster-status clean
 
 help:
-	@echo "make demo            train a 2-process DDP job on CPU (digits), no download"
+	@echo "make demo            run the example job locally: 2 CPU workers (digits), no download"
 	@echo "make test            lint + all test tiers (unit, trainer, cluster)"
 	@echo "make lint            ruff, mypy, hadolint, actionlint"
 	@echo "make crds            regenerate the CRD (manifests/ and the chart's crds/) from the API models"
@@ -66,13 +66,13 @@ crds: venv
 manifests: crds
 	$(PY) hack/chart.py write
 
-# The README's first command: a real 2-process DDP job, launched the way clusters launch it
-# (torchrun, gloo on CPU), on scikit-learn's bundled 8x8 digits, so nothing is downloaded.
-DEMO_ARGS := --dataset digits --model wide-resnet --wrn-depth 16 --wrn-width 2 --epochs 12 \
-	--batch-size 32 --target-accuracy 0.98 --patience 2
+# The README's first command: the example job file, run on this machine the way a cluster runs
+# it. kube-ddp builds the operator's two worker pods and runs them as local processes wired by
+# the env contract (gloo on CPU, scikit-learn's bundled 8x8 digits: nothing is downloaded),
+# decides restarts and the end by the operator's rules, and shows what the trainer reports.
+DEMO_JOB := manifests/examples/digits-cpu.yaml
 demo: venv
-	@echo "== torchrun --nproc-per-node 2 -m ddp_trainer $(DEMO_ARGS)"
-	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m ddp_trainer $(DEMO_ARGS)
+	$(VENV)/bin/kube-ddp run --local $(DEMO_JOB)
 
 bench: venv
 	$(PY) -m benchmarks all --repeats 3

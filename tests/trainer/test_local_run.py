@@ -106,3 +106,19 @@ def test_a_killed_worker_restarts_the_group_which_resumes_from_its_checkpoint(
     assert [epoch["epoch"] for epoch in epochs_of_rank_0(done.stdout)] == [1, 2, 3]
     assert summary_value(done.stderr, "restarts") == "1"
     assert summary_value(done.stderr, "phase") == "Succeeded"
+
+
+def test_the_demo_job_reaches_its_target(tmp_path: Path) -> None:
+    """`make demo`: the example file as it is, two workers to the target accuracy."""
+    example = support.REPO / "manifests" / "examples" / "digits-cpu.yaml"
+    done = subprocess.run(
+        [KUBE_DDP, "run", "--local", str(example)],
+        env=support.clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=support.RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert summary_value(done.stderr, "phase") == "Succeeded"
+    assert float(summary_value(done.stderr, "best val-acc")) >= 0.98

@@ -64,7 +64,8 @@ def run_local(
         worker_launches(fitted, 0, tuple(range(fitted.spec.nodes)), settings)
         spec = fitted.spec
         console.note(
-            f"running {fitted.name}: {spec.nodes} workers x {spec.procs_per_node} processes, "
+            f"running {fitted.name}: {spec.nodes} workers x {spec.procs_per_node} "
+            f"process{'es' if spec.procs_per_node > 1 else ''}, "
             f"{spec.accelerator.type}, {spec.effective_backend}; worker DNS names -> 127.0.0.1, "
             f"port {job.spec.port} -> {spec.port}"
         )
@@ -167,8 +168,12 @@ class _Runner:
         pod.reap()
         record = self._record_of.pop(id(pod))
         record.exit_code, record.reason = pod.exit_code, pod.reason
-        record.stopped = pod.stop_requested_at is not None and (
-            pod.ended_at is not None and pod.ended_at >= pod.stop_requested_at
+        # Stopped: ended by the runner's signal, not by itself before or despite it.
+        record.stopped = (
+            pod.stop_requested_at is not None
+            and pod.exit_code != 0
+            and pod.ended_at is not None
+            and pod.ended_at >= pod.stop_requested_at
         )
         if pod.ended_at is not None:
             record.seconds = pod.ended_at - pod.started_at
