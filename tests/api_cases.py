@@ -220,4 +220,59 @@ REJECTIONS = [
         "spec.trainer.dataset: Input should be 'mnist', 'fashion-mnist'",
         'Unsupported value: "imagenet"',
     ),
+    # JSON types, typed as the server types them: nothing is converted, null is unset.
+    Rejection(
+        "quoted number",
+        {"nodes": "2"},
+        "spec.nodes: Input should be a valid integer (got the string '2': write it without quotes)",
+        "spec.nodes in body must be of type integer",
+    ),
+    Rejection(
+        "boolean for a number",
+        {"nodes": True},
+        "spec.nodes: Input should be a valid integer (got the boolean true)",
+        "spec.nodes in body must be of type integer",
+    ),
+    Rejection(
+        "fraction for an integer",
+        {"nodes": 2.5},
+        "spec.nodes: Input should be a valid integer (got the number 2.5)",
+        "spec.nodes in body must be of type integer",
+    ),
+    Rejection(
+        "null for a required field",
+        {"nodes": None},
+        "spec.nodes: required field is missing",
+        "spec.nodes: Required value",
+    ),
+    Rejection(
+        "number for a string",
+        {"nodes": 1, "image": 3},
+        "spec.image: Input should be a valid string (got the number 3: quote it)",
+        "spec.image in body must be of type string",
+    ),
+    Rejection(
+        "quoted boolean",
+        {"nodes": 1, "runPolicy": {"suspend": "true"}},
+        "spec.runPolicy.suspend: Input should be a valid boolean (got the string 'true'",
+        "spec.runPolicy.suspend in body must be of type boolean",
+    ),
+    Rejection(
+        "quoted trainer option",
+        {"nodes": 1, "trainer": {"epochs": "3"}},
+        "spec.trainer.epochs: Input should be a valid integer (got the string '3'",
+        "spec.trainer.epochs in body must be of type integer",
+    ),
+    Rejection(
+        "null list item",
+        {"nodes": 1, "env": [None]},
+        "spec.env[0]: Input should be a valid dictionary or instance of EnvVar (got null)",
+        "spec.env[0] in body must be of type object",
+    ),
+    Rejection(
+        "fractional quantity",
+        {"nodes": 1, "resources": {"limits": {"cpu": 0.5}}},
+        "spec.resources.limits.cpu",
+        "spec.resources.limits.cpu in body must be of type integer,string",
+    ),
 ]
