@@ -247,4 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m kube_ddp.cli`: run the importable module's main, so that subcommands
+    # importing kube_ddp.cli (for InputError) raise the class this main catches.
+    from kube_ddp.cli import main as importable_main
+
+    sys.exit(importable_main())

@@ -412,6 +412,20 @@ def test_an_invalid_file_or_option_exits_2_naming_the_problem(
     assert "Traceback" not in done.stderr
 
 
+def test_python_m_kube_ddp_cli_exits_2_too(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kube_ddp.cli", "run", "--local", str(write_job(tmp_path, {}))],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"{tmp_path / 'bar.yaml'}: spec.nodes: required field is missing\n",
+    )
+
+
 def test_run_without_local_says_how_to_run_on_a_cluster() -> None:
     done = run_cli("run", str(REPO / "manifests/examples/digits-cpu.yaml"))
     assert done.returncode == 2
