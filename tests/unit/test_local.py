@@ -28,6 +28,7 @@ from kube_ddp.local.plan import (
     Machine,
     Overrides,
     fit_job,
+    visible_gpus,
     worker_launches,
 )
 from kube_ddp.local.processes import exit_code_of
@@ -174,6 +175,16 @@ def test_each_gpu_pod_gets_its_own_devices() -> None:
     assert [launch.env["CUDA_VISIBLE_DEVICES"] for launch in launches] == ["0,1", "2,3"]
     assert [launch.attempt for launch in launches] == [3, 3]
     assert launches[0].env["OMP_NUM_THREADS"] == "4"
+
+
+@pytest.mark.parametrize(
+    ("visible", "gpus"),
+    [("0,2", ("0", "2")), ("", ()), (" 1 , ", ("1",)), ("GPU-8f3a", ("GPU-8f3a",))],
+)
+def test_cuda_visible_devices_says_which_gpus_there_are(
+    visible: str, gpus: tuple[str, ...]
+) -> None:
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": visible}) == gpus
 
 
 @pytest.mark.parametrize(("returncode", "code"), [(0, 0), (3, 3), (-9, 137), (-15, 143)])
