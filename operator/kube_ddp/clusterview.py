@@ -313,11 +313,18 @@ def stream_logs(
             thread.join()
     except KeyboardInterrupt:
         return 130  # kubectl children get the same Ctrl-C from the terminal
-    for _, line in sorted(collected, key=lambda item: item[0]):
+    for _, line in sorted(collected, key=lambda item: sortable_timestamp(item[0])):
         out.write(line + "\n")
     for failure in sorted(failures):
         err.write(failure + "\n")
     return 1 if failures else 0
+
+
+def sortable_timestamp(stamp: str) -> str:
+    """kubectl's RFC 3339 timestamp with its fraction padded to nanoseconds: the kubelet drops
+    trailing zeros (`.5Z`, `.51Z`), which would otherwise sort `.5` after `.51`."""
+    whole, _, fraction = stamp.removesuffix("Z").partition(".")
+    return f"{whole}.{fraction.ljust(9, '0')}"
 
 
 # --- the subcommands ---------------------------------------------------------------------
