@@ -17,20 +17,17 @@ KUBE_DDP = str(Path(sys.executable).parent / "kube-ddp")
 KUBECTL_DDP = str(Path(sys.executable).parent / "kubectl-ddp")
 
 
-def kube_ddp(
-    cluster: Cluster, *args: str, binary: str = KUBE_DDP, kubeconfig_env: bool = False
-) -> subprocess.CompletedProcess[str]:
-    """The CLI with kubectl from the cluster's bin dir and the admin kubeconfig, given as
-    --kubeconfig or, like kubectl users do, as $KUBECONFIG."""
+def kube_ddp(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI with kubectl from the cluster's bin dir and the admin kubeconfig."""
     env = {**os.environ, "KUBECTL": str(cluster.bin_dir / "kubectl")}
-    flags = []
-    if kubeconfig_env:
-        env["KUBECONFIG"] = str(cluster.kubeconfig)
-    else:
-        env.pop("KUBECONFIG", None)
-        flags = [f"--kubeconfig={cluster.kubeconfig}"]
+    env.pop("KUBECONFIG", None)
     return subprocess.run(
-        [binary, *args, *flags], env=env, capture_output=True, text=True, timeout=60, check=False
+        [KUBE_DDP, *args, f"--kubeconfig={cluster.kubeconfig}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -92,12 +89,23 @@ def test_describe_shows_a_restarted_job_on_one_screen(
     assert "WorkerFailed" in events and "bar-worker-1 exited with code 137" in events
 
 
-def test_the_kubectl_plugin_reads_kubeconfig_from_the_environment(
-    cluster: Cluster, jobs: Jobs
-) -> None:
+def test_kubectl_ddp_is_a_kubectl_plugin(cluster: Cluster, jobs: Jobs) -> None:
+    """`kubectl ddp describe`: kubectl finds kubectl-ddp on PATH; the plugin reads the same
+    KUBECONFIG kubectl does."""
     jobs.create(job_manifest("idle", nodes=1))
-    done = kube_ddp(
-        cluster, "describe", "idle", "-n", jobs.namespace, binary=KUBECTL_DDP, kubeconfig_env=True
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(Path(KUBECTL_DDP).parent), os.environ.get("PATH", "")]),
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "KUBECTL": str(cluster.bin_dir / "kubectl"),
+    }
+    done = subprocess.run(
+        [str(cluster.bin_dir / "kubectl"), "ddp", "describe", "idle", "-n", jobs.namespace],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     assert "Name:         idle\n" in done.stdout
