@@ -1,7 +1,8 @@
 """`kube-ddp render` and the API server agree on every spec: generated specs, valid and broken
 (wrong JSON types, nulls, whole and fractional numbers, out-of-range values, cross-field rule
 breaks), go to both `render` and a server-side dry run; any disagreement fails. A spec both
-accept must also mean the same: the server's defaulted object reads back as render's.
+refuse must be refused at the same field; a spec both accept must mean the same: the server's
+defaulted object reads back as render's.
 
 The dry run receives what `kubectl apply -f` sends for the same file. kubectl re-encodes it
 with Go's JSON encoder, which writes a whole float such as `1.0` as `1`, so a whole number is an
@@ -30,7 +31,9 @@ EXAMPLES = 150  # 50-150 ms each against the local server
 
 # Values of the wrong JSON type, and nulls (the server prunes them: unset, then defaulted).
 # Floats are written with a dot: the YAML reader would take `1e+20` for a string.
-WRONG_TYPES = st.sampled_from(["2", "true", "", "abc", True, False, None, [], {}, 2.5, -0.5])
+WRONG_TYPES: st.SearchStrategy[Any] = st.sampled_from(
+    ["2", "true", "", "abc", True, False, None, [], {}, 2.5, -0.5]
+)
 
 
 def integers(low: int, high: int) -> st.SearchStrategy[Any]:
@@ -179,8 +182,24 @@ def dry_run(cluster: Cluster, document: dict[str, Any]) -> tuple[bool, Any]:
         )
     except kubernetes.client.ApiException as error:
         assert error.status in (400, 422), error  # refused as invalid, nothing else
-        return False, json.loads(error.body).get("message")
+        return False, json.loads(error.body or "{}")
     return True, created
+
+
+def render_fields(errors: str) -> set[str]:
+    """The fields render's lines name (`FILE: spec.nodes: ...`)."""
+    return {line.split(": ")[1] for line in errors.splitlines() if line.count(": ") >= 2}
+
+
+def server_fields(refusal: dict[str, Any]) -> set[str]:
+    causes = refusal.get("details", {}).get("causes", [])
+    return {cause["field"] for cause in causes if cause.get("field")}
+
+
+def same_place(one: str, other: str) -> bool:
+    """The same field, or one inside the other (`spec.env` holds `spec.env[1]`)."""
+    short, long = sorted((one, other), key=len)
+    return long == short or long.startswith((short + ".", short + "["))
 
 
 def test_kubectl_sends_a_whole_float_as_an_integer(
@@ -209,8 +228,16 @@ def test_render_and_the_api_server_agree(cluster: Cluster, crd: None, tmp_path: 
         assert rendered == accepted, (
             f"render {'accepts' if rendered else 'refuses'} and the API server "
             f"{'accepts' if accepted else 'refuses'} spec {json.dumps(spec)}\n"
-            f"render: {render_errors or 'ok'}\nserver: {answer if not accepted else 'ok'}"
+            f"render: {render_errors or 'ok'}\n"
+            f"server: {answer.get('message') if not accepted else 'ok'}"
         )
+        if not accepted:
+            # Both refuse: and name the same field (or one inside the other).
+            ours, theirs = render_fields(render_errors), server_fields(answer)
+            assert any(same_place(a, b) for a in ours for b in theirs), (
+                f"spec {json.dumps(spec)}: render names {sorted(ours)}, the server "
+                f"{sorted(theirs)}\nrender: {render_errors}server: {answer.get('message')}"
+            )
         if accepted:
             # The same job: the server's nulls pruned and defaults applied are render's.
             assert load_job(answer).spec == load_job(document).spec
