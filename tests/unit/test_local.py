@@ -285,6 +285,22 @@ def test_success_of_worker_0_completes_the_job_and_stops_the_rest(tmp_path: Path
     assert not alive(int((tmp_path / "pid-1").read_text()))
 
 
+def test_a_finished_job_stops_its_workers_even_with_clean_pod_policy_none(
+    tmp_path: Path,
+) -> None:
+    """In a cluster such pods run on; a local run ends with its job and leaves nothing."""
+    script = (
+        "import os, sys, time; from pathlib import Path\n"
+        "Path(os.environ['OUT'], 'pid-' + os.environ['NODE_RANK']).write_text(str(os.getpid()))\n"
+        "time.sleep(0.5 if os.environ['NODE_RANK'] == '0' else 600)\n"
+    )
+    spec = python_workers(script, env=out_env(tmp_path), runPolicy={"cleanPodPolicy": "None"})
+    done = run_cli("run", "--local", str(write_job(tmp_path, spec)))
+    assert done.returncode == 0, done.stderr
+    assert "kube-ddp: stopping bar-worker-1: the job has finished" in done.stderr
+    assert not alive(int((tmp_path / "pid-1").read_text()))
+
+
 def test_a_non_retryable_exit_fails_the_job_with_the_first_failure(tmp_path: Path) -> None:
     script = (
         "import os, sys, time\n"
