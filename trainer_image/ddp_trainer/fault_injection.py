@@ -5,11 +5,11 @@
   DDP_TRAINER_CRASH_RANK=r            ... kill rank r (default: the last rank) with SIGKILL,
                                       like an OOM kill or a lost node.
 
-A process that is its container's PID 1 ignores its own SIGKILL (the kernel protects a PID
-namespace's init): in a pod running the trainer directly, kill it from the node instead, as
-tests/e2e does. The marker makes it happen once per marker file, so the relaunch (by torchrun --max-restarts,
+The marker makes it happen once per marker file, so the relaunch (by torchrun --max-restarts,
 by the operator or by hand) trains on from the checkpoint. tests/trainer uses it to show
-exactly that; nothing else should set these variables.
+exactly that; nothing else should set these variables. A process that is its container's PID 1
+ignores its own SIGKILL (the kernel protects a PID namespace's init): in a pod that runs the
+trainer directly, kill it from the node instead, as tests/e2e does.
 """
 
 from __future__ import annotations
