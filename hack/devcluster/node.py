@@ -265,14 +265,19 @@ def up() -> None:
         raise ClusterError("the control plane is not running: `up` starts it first")
     with machine_lock():
         record = read_record()
-        if record and record["repo"] != THIS_CLONE:
+        if (
+            record
+            and record["repo"] != THIS_CLONE
+            and any(is_alive(c) for c in record["components"])
+        ):
             raise ClusterError(
                 f"a real node of {record['repo']} runs on this machine (one per machine): "
                 "stop it with `make cluster-down` there"
             )
         if is_up() and node_ready():
             return
-        _down_locked()  # whatever a crashed run left
+        if record:  # whatever a crashed run left, of this clone or a gone one
+            _stop(record)
         install_packages()
         build_all()
         _start(state)
