@@ -134,6 +134,11 @@ class LoaderBatches:
             num_workers=num_workers,
             pin_memory=device.type == "cuda",
             persistent_workers=num_workers > 0,
+            # Not fork: by now the process runs the process group's and the intra-op pool's
+            # threads, and a child forked from it can hang on a lock one of them held (the
+            # likely cause of a rank that once stalled for a minute in its first epoch in the
+            # trainer tier). The workers are persistent: a fresh interpreter is paid for once.
+            multiprocessing_context="forkserver" if num_workers > 0 else None,
         )
 
     def __call__(self, indices: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
