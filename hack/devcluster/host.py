@@ -12,13 +12,13 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from devcluster.paths import ClusterError
+from devcluster.processes import run
 
 # Set by the kubelet ("Updating kernel flag"), the CNI bridge (ip_forward) and us (route_localnet).
 SYSCTLS = (
@@ -34,13 +34,6 @@ SHARED_PATHS = ("/run/containerd", "/var/log/containers", "/var/log/pods", "/var
 NETNS_DIR = Path("/var/run/netns")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 KUBEPODS = "kubepods"  # the kubelet's cgroup of pods (cgroupfs driver), in every hierarchy
-
-
-def run(*argv: str, check: bool = True, stdin: str | None = None) -> str:
-    result = subprocess.run(argv, capture_output=True, text=True, input=stdin, check=False)
-    if check and result.returncode != 0:
-        raise ClusterError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
-    return result.stdout
 
 
 def _sysctl_path(name: str) -> Path:

@@ -23,11 +23,11 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from devcluster.paths import CACHE_DIR, REPO, ClusterError
+from devcluster.processes import run
 
 PAUSE_IMAGE = "localhost/pause:local"
 HOST_USR_IMAGE = "localhost/hostusr:local"
@@ -125,20 +125,12 @@ def build_pause(work: Path) -> Path:
     if shutil.which("gcc") is None:
         raise ClusterError("gcc is needed to build the pod sandbox (pause) image")
     binary = work / "pause"
-    result = subprocess.run(
-        ["gcc", "-static", "-Os", "-o", str(binary), str(HERE / "pause.c")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise ClusterError(f"building pause failed: {result.stderr.strip()}")
+    run("gcc", "-static", "-Os", "-o", str(binary), str(HERE / "pause.c"), what="building pause")
     return binary
 
 
-def import_images(ctr: list[str]) -> float:
-    """Build both images and import them with `ctr` (its argv prefix); the seconds it took."""
-    started = time.monotonic()
+def import_images(ctr: list[str]) -> None:
+    """Build both images and import them with `ctr` (its argv prefix)."""
     with tempfile.TemporaryDirectory(prefix="kube-ddp-images-") as scratch:
         work = Path(scratch)
         archives = {
@@ -148,15 +140,7 @@ def import_images(ctr: list[str]) -> float:
         for name, (add_files, command) in archives.items():
             out = work / (name.split("/")[-1].replace(":", "-") + ".tar")
             write_oci_archive(name, add_files, command, out)
-            result = subprocess.run(
-                [*ctr, "images", "import", str(out)],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if result.returncode != 0:
-                raise ClusterError(f"importing {name} failed: {result.stderr.strip()}")
-    return time.monotonic() - started
+            run(*ctr, "images", "import", str(out), what=f"importing {name}")
 
 
 # --- the operator's own image, from its Dockerfile ---------------------------------------------
@@ -186,13 +170,6 @@ def _buildah() -> list[str]:
     ]  # fmt: skip
 
 
-def _run(argv: list[str], what: str, cwd: Path | None = None) -> str:
-    result = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, check=False)
-    if result.returncode != 0:
-        raise ClusterError(f"{what} failed: {(result.stderr or result.stdout).strip()[-3000:]}")
-    return result.stdout
-
-
 def _sources_digest() -> str:
     digest = hashlib.sha256()
     for top in OPERATOR_SOURCES:
@@ -212,27 +189,22 @@ def _python_base() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="kube-ddp-base-") as scratch:
         rootfs = Path(scratch) / "trixie.tar"
-        _run(
-            [
-                "mmdebstrap", "--variant=minbase",
-                "--include=ca-certificates,python3,python3-venv",
-                "--dpkgopt=path-exclude=/usr/share/doc/*",
-                "--dpkgopt=path-exclude=/usr/share/man/*",
-                "--dpkgopt=path-exclude=/usr/share/locale/*",
-                "trixie", str(rootfs),
-            ],
-            "mmdebstrap (the operator image's Python base)",
+        run(
+            "mmdebstrap", "--variant=minbase",
+            "--include=ca-certificates,python3,python3-venv",
+            "--dpkgopt=path-exclude=/usr/share/doc/*",
+            "--dpkgopt=path-exclude=/usr/share/man/*",
+            "--dpkgopt=path-exclude=/usr/share/locale/*",
+            "trixie", str(rootfs),
+            what="mmdebstrap (the operator image's Python base)",
         )  # fmt: skip
-        container = _run([*_buildah(), "from", "scratch"], "buildah from").strip()
+        container = run(*_buildah(), "from", "scratch").strip()
         try:
-            _run([*_buildah(), "add", container, str(rootfs), "/"], "buildah add")
-            _run(
-                [*_buildah(), "config", "--env", f"PATH={PATH}", "--cmd", "python3", container],
-                "buildah config",
-            )
-            _run([*_buildah(), "commit", "--quiet", container, PYTHON_BASE], "buildah commit")
+            run(*_buildah(), "add", container, str(rootfs), "/")
+            run(*_buildah(), "config", "--env", f"PATH={PATH}", "--cmd", "python3", container)
+            run(*_buildah(), "commit", "--quiet", container, PYTHON_BASE)
         finally:
-            subprocess.run([*_buildah(), "rm", container], capture_output=True, check=False)
+            run(*_buildah(), "rm", container, check=False)
 
 
 def operator_image_archive() -> Path:
@@ -244,22 +216,17 @@ def operator_image_archive() -> Path:
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
     _python_base()
-    _run(
-        [
-            *_buildah(), "bud", "--quiet", "--runtime", "/usr/sbin/runc", "--network", "host",
-            "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
-            "--build-arg", f"PYTHON_IMAGE={PYTHON_BASE}",
-            "--tag", OPERATOR_IMAGE, ".",
-        ],
-        "building the operator image (buildah bud)",
+    run(
+        *_buildah(), "bud", "--quiet", "--runtime", "/usr/sbin/runc", "--network", "host",
+        "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
+        "--build-arg", f"PYTHON_IMAGE={PYTHON_BASE}",
+        "--tag", OPERATOR_IMAGE, ".",
+        what="building the operator image (buildah bud)",
         cwd=REPO,
     )  # fmt: skip
     partial = archive.with_suffix(".partial")
     partial.unlink(missing_ok=True)
-    _run(
-        [*_buildah(), "push", "--quiet", OPERATOR_IMAGE, f"oci-archive:{partial}:{OPERATOR_IMAGE}"],
-        "buildah push",
-    )
+    run(*_buildah(), "push", "--quiet", OPERATOR_IMAGE, f"oci-archive:{partial}:{OPERATOR_IMAGE}")
     partial.rename(archive)
     for old in archive.parent.glob("kube-ddp-operator-*.tar"):
         if old != archive:
@@ -267,8 +234,7 @@ def operator_image_archive() -> Path:
     return archive
 
 
-def import_operator_image(ctr: list[str]) -> float:
-    started = time.monotonic()
-    archive = operator_image_archive()
-    _run([*ctr, "images", "import", str(archive)], "importing the operator image")
-    return time.monotonic() - started
+def import_operator_image(ctr: list[str]) -> None:
+    run(
+        *ctr, "images", "import", str(operator_image_archive()), what="importing the operator image"
+    )

@@ -30,10 +30,10 @@ from typing import Any, TypedDict
 from devcluster import images
 from devcluster.build import binary, build_all
 from devcluster.controlplane import State, api_json, kubectl, running_state
-from devcluster.host import HostRecord, read_sysctl, require_root, run, write_sysctl
+from devcluster.host import HostRecord, read_sysctl, require_root, write_sysctl
 from devcluster.paths import CACHE_DIR, PKI, REPO, ClusterError, log
 from devcluster.pki import new_certificate, write_kubeconfig
-from devcluster.processes import Component, is_alive, spawn_to, stop_component, wait_until
+from devcluster.processes import Component, is_alive, run, spawn_to, stop_component, wait_until
 
 NODE_NAME = "real-node-0"
 NODE_LABEL = ("kubeddp.io/real", "true")
@@ -86,9 +86,7 @@ def install_packages() -> None:
         ["apt-get", "update", "-qq"],
         ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *APT_PACKAGES],
     ):
-        result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise ClusterError(f"{' '.join(argv)} failed: {result.stderr.strip()[-2000:]}")
+        run(*argv, env=env)
 
 
 def containerd_config() -> str:
@@ -411,36 +409,30 @@ def drain(record: NodeRecord) -> None:
 def containers() -> list[str]:
     if not SOCKET.exists():
         return []
-    result = subprocess.run(
-        [*ctr(), "containers", "list", "-q"], capture_output=True, text=True, check=False
-    )
-    return result.stdout.split() if result.returncode == 0 else []
+    return run(*ctr(), "containers", "list", "-q", check=False).split()
 
 
 def running_tasks() -> list[str]:
     """Containers with a running process (a stopped sandbox has none: its pod is torn down)."""
     if not SOCKET.exists():
         return []
-    result = subprocess.run([*ctr(), "tasks", "list"], capture_output=True, text=True, check=False)
-    rows = [line.split() for line in result.stdout.splitlines()[1:]]
+    rows = [line.split() for line in run(*ctr(), "tasks", "list", check=False).splitlines()[1:]]
     return [row[0] for row in rows if len(row) >= 3 and row[2] == "RUNNING"]
 
 
 def kill_containers() -> None:
     """What the kubelet did not stop: every task killed, every container removed."""
     for container in containers():
-        kill = [*ctr(), "tasks", "kill", "--signal", "SIGKILL", container]
-        subprocess.run(kill, capture_output=True, check=False)
-        for _ in range(50):
-            deleted = subprocess.run(
-                [*ctr(), "tasks", "delete", container], capture_output=True, check=False
-            )
-            if deleted.returncode == 0 or b"not found" in deleted.stderr:
+        run(*ctr(), "tasks", "kill", "--signal", "SIGKILL", container, check=False)
+        for _ in range(50):  # the task is deleted once its process has died
+            try:
+                run(*ctr(), "tasks", "delete", container)
                 break
+            except ClusterError as error:
+                if "not found" in str(error):
+                    break
             time.sleep(0.1)
-        subprocess.run(
-            [*ctr(), "containers", "delete", container], capture_output=True, check=False
-        )
+        run(*ctr(), "containers", "delete", container, check=False)
 
 
 def kill_shims() -> None:

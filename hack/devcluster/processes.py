@@ -53,6 +53,25 @@ def stop_component(component: Component, grace: float = 15.0) -> None:
     reap(component["pid"])
 
 
+def run(
+    *argv: str,
+    what: str | None = None,
+    check: bool = True,
+    stdin: str | None = None,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> str:
+    """Run a command to its end and return its output; when it fails (and `check`), raise
+    ClusterError with `what` (default: the command) and the end of what it said."""
+    result = subprocess.run(
+        argv, capture_output=True, text=True, input=stdin, cwd=cwd, env=env, check=False
+    )
+    if check and result.returncode != 0:
+        said = (result.stderr or result.stdout).strip()[-3000:]
+        raise ClusterError(f"{what or ' '.join(argv)} failed: {said}")
+    return result.stdout
+
+
 def spawn(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
     """Start one component in its own session, its output appended to LOGS/<name>.log."""
     return spawn_to(LOGS / f"{name}.log", argv)

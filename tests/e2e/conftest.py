@@ -22,7 +22,7 @@ import pytest
 from tests.cluster.conftest import IN_CI, cluster, crd
 from tests.cluster.helm_support import CHART, Helm, helm_binary
 from tests.cluster.operator_support import Jobs
-from tests.cluster.support import REPO, Cluster, fresh_namespace, load_dev_cluster, wait_for
+from tests.cluster.support import Cluster, fresh_namespace, load_dev_cluster, wait_for
 from tests.e2e.platform import Platform, dev_platform, external_platform
 
 HERE = Path(__file__).resolve().parent
@@ -76,7 +76,8 @@ def platform(request: pytest.FixtureRequest) -> Iterator[Platform]:
 def operator(
     platform: Platform, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
-    """The chart installed, its Deployment Available; yields the leader pod's name."""
+    """The chart installed and its Deployment Available; yields the helm client and the
+    Deployment."""
     home = tmp_path_factory.mktemp("helm-home")
     helm = Helm(platform.helm, platform.cluster.kubeconfig, home)
     args = platform.helm_args
@@ -115,4 +116,4 @@ def jobs(platform: Platform, operator: dict[str, Any], namespace_e2e: str) -> Jo
     return Jobs(platform.cluster, namespace_e2e)
 
 
-__all__ = ["REPO", "cluster", "crd"]
+__all__ = ["cluster", "crd"]
