@@ -12,12 +12,13 @@ docs/dev-cluster.md describe it.
 | node | the real node: containerd, CNI, kubelet, CoreDNS; `up`, `down` |
 | images | the real node's images, made here |
 | host | what the real node changes on the host, recorded and put back |
-| cli | `hack/dev-cluster.py build|up|down|status` |
+| mpioperator | the Kubeflow MPI Operator, run against the cluster |
+| cli | `hack/dev-cluster.py build|up|down|status|mpi-operator|tool` |
 
 What tests and benchmarks use is re-exported here.
 """
 
-from devcluster import controlplane, host, node
+from devcluster import controlplane, host, mpioperator, node
 from devcluster.build import KUBERNETES_VERSION, binaries_ready, binary, build_all
 from devcluster.controlplane import (
     free_port,
@@ -51,6 +52,7 @@ __all__ = [
     "down",
     "free_port",
     "host",
+    "mpioperator",
     "node",
     "read_state",
     "restart_apiserver",

@@ -1,13 +1,15 @@
-"""`hack/dev-cluster.py build|up|down|status`: the command line."""
+"""`hack/dev-cluster.py build|up|down|status|mpi-operator|tool`: the command line."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import subprocess
 from pathlib import Path
 
 import devcluster
-from devcluster import controlplane, node
+from devcluster import controlplane, mpioperator, node
 from devcluster.build import BUILDS, build_all, built
 from devcluster.paths import KUBECONFIG, STATE_DIR, BuildError, ClusterError, log
 from devcluster.processes import is_alive
@@ -36,6 +38,17 @@ def cmd_up(_: argparse.Namespace) -> int:
         print(f"  and a toleration of {node.NODE_TAINT}; logs in {node.NODE_DIR / 'logs'}")
     print(f"  export KUBECONFIG={KUBECONFIG}")
     print(f"  export PATH={STATE_DIR / 'bin'}:$PATH")
+    return 0
+
+
+def cmd_mpi_operator(_: argparse.Namespace) -> int:
+    """Run the MPI Operator against the running cluster until ^C (launcher: mpi jobs need it)."""
+    if not controlplane.running_state():
+        raise ClusterError("the cluster is not running: `hack/dev-cluster.py up` first")
+    with mpioperator.running():
+        print(f"MPI Operator running; its log: {mpioperator.LOG}; ^C stops it")
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
     return 0
 
 
@@ -86,6 +99,7 @@ def main() -> int:
         ("up", cmd_up, "start the cluster (no-op when it runs)"),
         ("down", cmd_down, "stop the processes `up` started"),
         ("status", cmd_status, "say what runs"),
+        ("mpi-operator", cmd_mpi_operator, "run the Kubeflow MPI Operator here until ^C"),
     ):
         commands.add_parser(name, help=help_text).set_defaults(func=func)
     tool = commands.add_parser("tool", help="run a pinned tool: tool NAME [ARGS...]")

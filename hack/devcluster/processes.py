@@ -72,12 +72,14 @@ def run(
     return result.stdout
 
 
-def spawn(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+def spawn(name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start one component in its own session, its output appended to LOGS/<name>.log."""
-    return spawn_to(LOGS / f"{name}.log", argv)
+    return spawn_to(LOGS / f"{name}.log", argv, env)
 
 
-def spawn_to(log_path: Path, argv: list[str]) -> subprocess.Popen[bytes]:
+def spawn_to(
+    log_path: Path, argv: list[str], env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """Start `argv` in its own session (it outlives `up`, and a ^C in the terminal), its output
     appended to `log_path`."""
     with open(log_path, "ab") as log_file:
@@ -87,6 +89,7 @@ def spawn_to(log_path: Path, argv: list[str]) -> subprocess.Popen[bytes]:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=env,
         )
 
 
