@@ -31,7 +31,7 @@ ACTIONLINT_VERSION = "v1.7.12"
 # The newest the module proxy serves (v0.8.1 is refused; `@latest` wrongly says v0.6.0).
 MPI_OPERATOR_VERSION = "v0.8.2"
 MPI_OPERATOR_MODULE = "github.com/kubeflow/mpi-operator"
-MPIJOB_CRD_FILE = "manifests/base/kubeflow.org_mpijobs.yaml"
+MPIJOB_CRD_FILE = "./manifests/base/kubeflow.org_mpijobs.yaml"  # in the module
 
 
 @dataclasses.dataclass(frozen=True)

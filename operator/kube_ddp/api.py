@@ -177,6 +177,20 @@ class MPIOptions(Model):
     extra_args: list[str] = Field(
         default_factory=list, description="More mpirun arguments, placed before the program."
     )
+    ssh_port: int = Field(
+        2222,
+        ge=1,
+        le=65535,
+        description="Port of the workers' sshd, which mpirun reaches over ssh; below 1024 only "
+        "when the image runs as root.",
+    )
+    ssh_auth_mount_path: str = Field(
+        "/home/trainer/.ssh",
+        pattern=r"^/\S*$",
+        description="Where the MPI Operator mounts the job's ssh keys: the .ssh directory of "
+        "the user the image runs as (/home/trainer/.ssh in the trainer image; /root/.ssh for "
+        "images that run as root).",
+    )
 
 
 class RunPolicy(Model):

@@ -352,10 +352,20 @@ def build_worker_pods(
     return [build_worker_pod(job, i, attempt, settings) for i in chosen]
 
 
+# Passed on to every rank by mpirun: ranks started over ssh get sshd's environment, not the
+# container's, so without these python is not found and rank 0 cannot reach the API server.
+MPI_FORWARDED_ENV = ("PATH", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
+SSHD_CONFIG = "/tmp/kube-ddp-sshd_config"
+
+
+def _mpi(spec: DDPTrainingJobSpec) -> MPIOptions:
+    return spec.mpi or MPIOptions()
+
+
 def mpirun_command(job: DDPTrainingJob) -> list[str]:
     """The launcher's mpirun line; MASTER_ADDR is the first host of the MPI host file."""
     spec = job.spec
-    mpi = spec.mpi or MPIOptions()
+    mpi = _mpi(spec)
     per_socket = math.ceil(spec.procs_per_node / mpi.sockets_per_node)
     map_by = mpi.map_by or f"ppr:{per_socket}:socket:PE={mpi.cores_per_process}"
     program = (
@@ -363,7 +373,16 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
         if spec.command
         else [*contract.TRAINER_COMMAND, *trainer_args(job)]
     )
-    exported = [e["name"] for e in worker_env(job, None, 0)]
+    exported = [
+        contract.MASTER_ADDR,
+        *MPI_FORWARDED_ENV,
+        *(e["name"] for e in worker_env(job, None, 0)),
+    ]
+    # The workers' sshd listens on ssh_port and trusts the job's key (their start script).
+    ssh = (
+        f"-p {mpi.ssh_port} -i {mpi.ssh_auth_mount_path}/id_rsa -o ConnectionAttempts=10 "
+        "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
+    )
     mpirun = [
         "mpirun",
         "--allow-run-as-root",
@@ -371,7 +390,8 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
         *("--bind-to", "core"),
         *("--map-by", map_by),
         *("--rank-by", "core"),
-        *(arg for name in [contract.MASTER_ADDR, *exported] for arg in ("-x", name)),
+        *("--mca", "plm_rsh_args", ssh),
+        *(arg for name in exported for arg in ("-x", name)),
         *mpi.extra_args,
         *program,
     ]
@@ -383,16 +403,47 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
     return ["/bin/bash", "-c", script]
 
 
+def sshd_command(job: DDPTrainingJob) -> list[str]:
+    """An MPI worker: sshd in the foreground on ssh_port, trusting the job's key, as whichever
+    user the image runs (the MPI Operator mounts the key pair at ssh_auth_mount_path)."""
+    mpi = _mpi(job.spec)
+    keys = mpi.ssh_auth_mount_path
+    config = "\n".join(
+        [
+            f"Port {mpi.ssh_port}",
+            f"HostKey {keys}/id_rsa",
+            f"AuthorizedKeysFile {keys}/authorized_keys",
+            "PidFile /tmp/kube-ddp-sshd.pid",
+            "StrictModes no",  # the Secret volume's files are root's, readable by all
+            "UsePAM no",
+            "PasswordAuthentication no",
+        ]
+    )
+    script = (
+        f"set -eu; printf '%s\\n' {shlex.quote(config)} > {SSHD_CONFIG}; "
+        # root's sshd needs its privilege separation directory; others do not use it
+        'if [ "$(id -u)" = 0 ]; then mkdir -p /run/sshd; fi; '
+        f"exec /usr/sbin/sshd -D -e -f {SSHD_CONFIG}"
+    )
+    return ["/bin/sh", "-c", script]
+
+
+def mpi_pod_labels(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
+    """The launcher's and workers' labels: the job and attempt, but not `managed-by`, so the
+    operator never takes the MPI Operator's pods for its own torchrun workers."""
+    return {names.LABEL_JOB_NAME: job.name, names.LABEL_ATTEMPT: str(attempt)}
+
+
 def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> Obj:
-    """A Kubeflow MPIJob (v2beta1): a launcher running mpirun, one worker pod per node."""
+    """A Kubeflow MPIJob (v2beta1): a launcher running mpirun, one worker pod per node running
+    sshd. kube-ddp keeps the restart decisions (backoffLimit 0 here), the deadline and the TTL
+    across attempts; suspend and cleanPodPolicy are the MPIJob's own (docs/mpi.md)."""
     spec = job.spec
-    policy = spec.run_policy
-    labels = worker_labels(job, 0, attempt)
-    del labels[names.LABEL_REPLICA_INDEX]
-    # MPI workers only host sshd; mpirun on the launcher starts the ranks on them.
-    sshd = ["/usr/sbin/sshd", "-De"]
+    pod_labels = mpi_pod_labels(job, attempt)
     env = worker_env(job, None, attempt)
-    worker = _container(job, name="worker", command=sshd, args=[], env=env, settings=settings)
+    worker = _container(
+        job, name="worker", command=sshd_command(job), args=[], env=env, settings=settings
+    )
     launcher = {
         "name": "launcher",
         **image_fields(spec, settings),
@@ -400,38 +451,44 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
         "env": env,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    run_policy: Obj = {
-        "cleanPodPolicy": policy.clean_pod_policy,
-        "backoffLimit": policy.backoff_limit,
-        "suspend": policy.suspend,
+    launcher_pod = {
+        "containers": [launcher],
+        "serviceAccountName": spec.template.service_account_name or reporter_account(job),
     }
-    if policy.active_deadline_seconds is not None:
-        run_policy["activeDeadlineSeconds"] = policy.active_deadline_seconds
-    if policy.ttl_seconds_after_finished is not None:
-        run_policy["ttlSecondsAfterFinished"] = policy.ttl_seconds_after_finished
+    worker_pod = _pod_spec(job, [worker])
+    del worker_pod["restartPolicy"]  # the replica's restartPolicy is the MPIJob's field for it
     return {
         "apiVersion": names.MPIJOB_API_VERSION,
         "kind": names.MPIJOB_KIND,
-        "metadata": _metadata(job, job.name, labels),
+        "metadata": _metadata(
+            job, job.name, {**job_labels(job), names.LABEL_ATTEMPT: str(attempt)}
+        ),
         "spec": {
             "slotsPerWorker": spec.procs_per_node,
-            "runPolicy": run_policy,
+            "runPolicy": {
+                "cleanPodPolicy": spec.run_policy.clean_pod_policy,
+                "backoffLimit": 0,  # a failed launcher fails the MPIJob; kube-ddp decides
+                "suspend": spec.run_policy.suspend,
+            },
             "mpiImplementation": "OpenMPI",
+            # mpirun starts once every worker's sshd is up, not into connection retries.
+            "launcherCreationPolicy": "WaitForWorkersReady",
+            "sshAuthMountPath": _mpi(spec).ssh_auth_mount_path,
             "mpiReplicaSpecs": {
                 "Launcher": {
                     "replicas": 1,
-                    "restartPolicy": "OnFailure",
+                    "restartPolicy": "Never",
                     "template": {
-                        "metadata": _pod_metadata(job, None, labels),
-                        "spec": {"containers": [launcher], "restartPolicy": "OnFailure"},
+                        "metadata": _pod_metadata(job, None, pod_labels),
+                        "spec": launcher_pod,
                     },
                 },
                 "Worker": {
                     "replicas": spec.nodes,
                     "restartPolicy": "Never",
                     "template": {
-                        "metadata": _pod_metadata(job, None, labels),
-                        "spec": _pod_spec(job, [worker]),
+                        "metadata": _pod_metadata(job, None, pod_labels),
+                        "spec": worker_pod,
                     },
                 },
             },

@@ -32,8 +32,11 @@ from kube_ddp.status import (
     CreateWorkers,
     Decision,
     DeleteJob,
+    DeleteMPIJob,
     DeletePods,
+    MPIJobView,
     PodView,
+    SuspendMPIJob,
     decide,
     reject,
 )
@@ -121,6 +124,10 @@ class Controller:
     kube: Kube
     # Our pods by job, as the status core sees them: the kopf index, once a handler has run.
     pods: PodIndex | None = None
+    # launcher mpi: the MPI Operator's launcher and worker pods by job (a kopf index too), and
+    # our MPIJobs as last seen.
+    mpi_pods: PodIndex | None = None
+    mpijobs: dict[Key, MPIJobView] = field(default_factory=dict)
     jobs: JobCache = field(default_factory=JobCache)
     expectations: Expectations = field(init=False)
     queue: WorkQueue[Key] = field(init=False)
@@ -142,11 +149,21 @@ class Controller:
 
     def job_deleted(self, key: Key) -> None:
         self.jobs.drop(key)
+        self.mpijobs.pop(key, None)
         self.expectations.forget(key)
         self.failures.pop(key, None)
 
     def pod_changed(self, key: Key, pod_name: str, window: float) -> None:
         self.expectations.observe(key, pod_name)
+        self.queue.add_batched(key, window)
+
+    def mpijob_changed(self, key: Key, mpijob: MPIJobView | None, window: float) -> None:
+        """An MPIJob event; None when it was deleted."""
+        if mpijob is None:
+            self.mpijobs.pop(key, None)
+        else:
+            self.mpijobs[key] = mpijob
+            self.expectations.observe(key, mpijob.name)
         self.queue.add_batched(key, window)
 
     # --- reconcile ---------------------------------------------------------------------
@@ -162,9 +179,10 @@ class Controller:
         except ValidationError as error:
             await self._apply(key, body, status, reject(status, describe_errors(error), now))
             return
-        pods = list(self.pods.get(key, [])) if self.pods is not None else []
+        index = self.mpi_pods if job.spec.launcher == "mpi" else self.pods
+        pods = list(index.get(key, [])) if index is not None else []
         expected = self.expectations.pending(key, asyncio.get_running_loop().time())
-        decision = decide(job, pods, now, expected)
+        decision = decide(job, pods, now, expected, self.mpijobs.get(key))
         try:
             for action in decision.actions:
                 await self._act(key, body, job, action)
@@ -203,6 +221,8 @@ class Controller:
             # In order: pods name the ServiceAccount, and the RoleBinding its Role, which must
             # exist first (without `bind`, the API server checks the binder against the Role's
             # rules, so an operator with least privilege gets a 404 otherwise).
+            if job.spec.launcher == "mpi":  # the MPIJob is expected until the watch shows it
+                self.expectations.expect(key, [job.name], asyncio.get_running_loop().time())
             for child in others:
                 await self.kube.create(child)
             await self._create_pods(key, pods)
@@ -210,6 +230,10 @@ class Controller:
             await asyncio.gather(*(self.kube.delete_pod(namespace, pod) for pod in action.names))
         elif isinstance(action, DeleteJob):
             await self.kube.delete_job(namespace, name)
+        elif isinstance(action, DeleteMPIJob):
+            await self.kube.delete_mpijob(namespace, action.name)
+        elif isinstance(action, SuspendMPIJob):
+            await self.kube.suspend_mpijob(namespace, action.name, action.suspend)
 
     async def _create_pods(self, key: Key, pods: list[dict[str, Any]]) -> None:
         """Create `pods`, expected from before the first request (the watch may show one

@@ -16,12 +16,17 @@ from kube_ddp import names
 from kube_ddp.config import OperatorConfig
 from kube_ddp.controller import Controller, Key
 from kube_ddp.kube import Kube, load_credentials
-from kube_ddp.status import PodView
+from kube_ddp.status import MPIJobView, PodView
 
 # Pod events of one job within this many seconds are handled together: fewer status writes
 # under load, at a small cost in reaction time.
 POD_EVENT_WINDOW = 0.05
 OUR_PODS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+# launcher mpi: the MPI Operator's pods of our MPIJobs carry the job's name but not
+# `managed-by` (builders.mpi_pod_labels), and the MPI Operator's role label.
+MPI_PODS = {names.LABEL_JOB_NAME: kopf.PRESENT, names.MPI_LABEL_ROLE: kopf.PRESENT}
+OUR_MPIJOBS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+MPIJOB_GROUP, MPIJOB_VERSION = names.MPIJOB_API_VERSION.split("/")
 
 
 def _controller(memo: Any) -> Controller:
@@ -32,9 +37,11 @@ def _controller(memo: Any) -> Controller:
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config: OperatorConfig = memo.config
-    # Only our pods are sent by the API server: a busy cluster's other pods cost nothing.
-    selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
-    settings.watching.label_selectors["pods"] = selector
+    # Only pods of our jobs are sent by the API server (our workers and the MPI Operator's pods
+    # of our MPIJobs): a busy cluster's other pods cost nothing.
+    settings.watching.label_selectors["pods"] = names.LABEL_JOB_NAME
+    mpijobs = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
+    settings.watching.label_selectors[MPIJOB_GROUP, names.MPIJOB_PLURAL] = mpijobs
     # kopf would list every CRD and namespace to follow new ones: a cluster-wide right we do
     # not need, since we watch fixed resources in fixed namespaces.
     settings.scanning.disabled = True
@@ -61,12 +68,23 @@ def ddp_pods(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, 
     return {(namespace, job): PodView.from_pod(body)} if job else None
 
 
+@kopf.index("pods", labels=MPI_PODS)
+def mpi_pods(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> Any:
+    """launcher mpi: the MPI Operator's launcher and workers by (namespace, job name)."""
+    return {(namespace, labels[names.LABEL_JOB_NAME]): PodView.from_mpi_pod(body)}
+
+
+def _index(controller: Controller, kwargs: Mapping[str, Any]) -> None:
+    controller.pods = kwargs["ddp_pods"]
+    controller.mpi_pods = kwargs["mpi_pods"]
+
+
 @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL)
 async def job_event(
     type: str, event: kopf.RawEvent, name: str, namespace: str | None, memo: Any, **kwargs: Any
 ) -> None:
     controller = _controller(memo)
-    controller.pods = kwargs["ddp_pods"]
+    _index(controller, kwargs)
     key: Key = (namespace or "default", name)
     if type == "DELETED":
         controller.job_deleted(key)
@@ -74,12 +92,32 @@ async def job_event(
         controller.job_changed(key, dict(event["object"]))
 
 
-@kopf.on.event("pods", labels=OUR_PODS)
+@kopf.on.event("pods")
 async def pod_event(
     name: str, namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
 ) -> None:
+    """Our workers and the MPI Operator's pods of our MPIJobs (the watch's label selector)."""
     controller = _controller(memo)
-    controller.pods = kwargs["ddp_pods"]
+    _index(controller, kwargs)
     job = labels.get(names.LABEL_JOB_NAME)
     if job and namespace:
         controller.pod_changed((namespace, job), name, POD_EVENT_WINDOW)
+
+
+@kopf.on.event(MPIJOB_GROUP, MPIJOB_VERSION, names.MPIJOB_PLURAL, labels=OUR_MPIJOBS)
+async def mpijob_event(
+    type: str,
+    event: kopf.RawEvent,
+    namespace: str | None,
+    labels: Mapping[str, str],
+    memo: Any,
+    **kwargs: Any,
+) -> None:
+    """launcher mpi: our MPIJobs. Not an index: where the MPI Operator is not installed the
+    resource is not served, and kopf would wait for that index forever."""
+    controller = _controller(memo)
+    _index(controller, kwargs)
+    job = labels.get(names.LABEL_JOB_NAME)
+    if job and namespace:
+        view = None if type == "DELETED" else MPIJobView.from_mpijob(event["object"])
+        controller.mpijob_changed((namespace, job), view, POD_EVENT_WINDOW)

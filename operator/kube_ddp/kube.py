@@ -174,6 +174,19 @@ class Kube:
         except NotFoundError:
             return None
 
+    async def delete_mpijob(self, namespace: str, name: str) -> None:
+        """Delete an MPIJob in the foreground: it is gone only once its pods are, so the next
+        attempt's MPIJob of the same name never meets the last one's children."""
+        path = f"{collection_path(names.MPIJOB_API_VERSION, names.MPIJOB_KIND, namespace)}/{name}"
+        with contextlib.suppress(NotFoundError):
+            await self.request("DELETE", path, {"propagationPolicy": "Foreground"})
+
+    async def suspend_mpijob(self, namespace: str, name: str, suspend: bool) -> None:
+        path = f"{collection_path(names.MPIJOB_API_VERSION, names.MPIJOB_KIND, namespace)}/{name}"
+        patch = {"spec": {"runPolicy": {"suspend": suspend}}}
+        with contextlib.suppress(NotFoundError):
+            await self.request("PATCH", path, patch, MERGE_PATCH)
+
     async def delete_job(self, namespace: str, name: str) -> None:
         with contextlib.suppress(NotFoundError):
             await self.request(

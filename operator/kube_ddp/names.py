@@ -33,6 +33,12 @@ TRAINER_CONTAINER: Final = "trainer"
 MPIJOB_API_VERSION: Final = "kubeflow.org/v2beta1"
 MPIJOB_KIND: Final = "MPIJob"
 MPIJOB_PLURAL: Final = "mpijobs"
+# Labels the MPI Operator puts on the pods it creates (never ours: kube-ddp tells its own
+# workers from the MPI Operator's launcher and workers by them).
+MPI_LABEL_ROLE: Final = "training.kubeflow.org/job-role"  # "launcher" or "worker"
+MPI_LABEL_REPLICA_INDEX: Final = "training.kubeflow.org/replica-index"
+MPI_LAUNCHER: Final = "launcher"
+MPI_WORKER: Final = "worker"
 
 # The env contract: set by the operator on every worker, refused in a spec's own env.
 RESERVED_ENV: Final = contract.RESERVED_ENV

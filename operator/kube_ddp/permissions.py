@@ -77,7 +77,8 @@ JOB_RULES: tuple[Rule, ...] = (
         "",
         ("pods",),
         ("list", "watch"),
-        "kopf's watch of the workers: handlers.ddp_pods (kopf.index), handlers.pod_event",
+        "kopf's watch of the workers: handlers.ddp_pods and handlers.mpi_pods (kopf.index), "
+        "handlers.pod_event",
     ),
     Rule(
         "",
@@ -114,8 +115,16 @@ JOB_RULES: tuple[Rule, ...] = (
     Rule(
         MPI_GROUP,
         ("mpijobs",),
-        ("create",),
-        "launcher mpi: Controller._act(CreateWorkers) -> Kube.create(builders.build_mpijob)",
+        ("create", "delete", "patch"),
+        "launcher mpi: Controller._act(CreateWorkers) -> Kube.create(builders.build_mpijob); "
+        "a group restart: Kube.delete_mpijob; suspend and resume: Kube.suspend_mpijob",
+        only_if="rbac.mpiJobs",
+    ),
+    Rule(
+        MPI_GROUP,
+        ("mpijobs",),
+        ("list", "watch"),
+        "launcher mpi: the status mirror, handlers.mpijob_event",
         only_if="rbac.mpiJobs",
     ),
 )

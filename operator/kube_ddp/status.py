@@ -8,6 +8,7 @@ repeat it at any time).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -68,6 +69,8 @@ class PodView:
     scheduled: bool = False
     unschedulable: str | None = None  # the scheduler's message when it cannot place the pod
     owner_uid: str | None = None
+    role: str | None = None  # launcher mpi: the MPI Operator's "launcher" or "worker"
+    created_at: str | None = None
 
     @property
     def active(self) -> bool:
@@ -102,6 +105,57 @@ class PodView:
             or scheduled.get("status") == "True",
             unschedulable=unschedulable,
             owner_uid=owners[0].get("uid") if owners else None,
+            created_at=metadata.get("creationTimestamp"),
+        )
+
+    @classmethod
+    def from_mpi_pod(cls, pod: Mapping[str, Any]) -> PodView:
+        """A launcher or worker pod the MPI Operator made for one of our MPIJobs."""
+        labels = pod.get("metadata", {}).get("labels", {})
+        return dataclasses.replace(
+            cls.from_pod(pod),
+            index=_int(labels.get(names.MPI_LABEL_REPLICA_INDEX)),
+            role=labels.get(names.MPI_LABEL_ROLE),
+        )
+
+
+@dataclass(frozen=True)
+class MPIJobView:
+    """What the core needs to know of the MPIJob of a `launcher: mpi` job."""
+
+    name: str
+    attempt: int
+    deleting: bool = False
+    suspended: bool = False  # spec.runPolicy.suspend
+    conditions: Mapping[str, tuple[str, str, str]] = field(default_factory=dict)
+    completed: bool = False  # completionTime is set: Succeeded or Failed for good
+
+    def true(self, type_: str) -> bool:
+        return self.conditions.get(type_, ("False", "", ""))[0] == "True"
+
+    @property
+    def succeeded(self) -> bool:
+        return self.true("Succeeded")
+
+    @property
+    def failed(self) -> bool:
+        # Failed without completionTime (an evicted worker) can still end Succeeded.
+        return self.true("Failed") and self.completed
+
+    @classmethod
+    def from_mpijob(cls, body: Mapping[str, Any]) -> MPIJobView:
+        metadata = body.get("metadata", {})
+        status = body.get("status") or {}
+        return cls(
+            name=metadata.get("name", ""),
+            attempt=_int(metadata.get("labels", {}).get(names.LABEL_ATTEMPT)),
+            deleting=metadata.get("deletionTimestamp") is not None,
+            suspended=bool(body.get("spec", {}).get("runPolicy", {}).get("suspend")),
+            conditions={
+                c.get("type", ""): (c.get("status", ""), c.get("reason", ""), c.get("message", ""))
+                for c in status.get("conditions") or []
+            },
+            completed=status.get("completionTime") is not None,
         )
 
 
@@ -141,7 +195,23 @@ class DeleteJob:
     """ttlSecondsAfterFinished has passed."""
 
 
-Action = CreateWorkers | DeletePods | DeleteJob
+@dataclass(frozen=True)
+class DeleteMPIJob:
+    """launcher mpi: remove the attempt's MPIJob (and, through it, its pods) before a restart."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class SuspendMPIJob:
+    """launcher mpi: set the MPIJob's runPolicy.suspend; the MPI Operator stops or starts its
+    pods."""
+
+    name: str
+    suspend: bool
+
+
+Action = CreateWorkers | DeletePods | DeleteJob | DeleteMPIJob | SuspendMPIJob
 
 
 @dataclass(frozen=True)
@@ -243,14 +313,20 @@ def decide(
     pods: Iterable[PodView],
     now: datetime,
     expected: Iterable[str] = (),
+    mpijob: MPIJobView | None = None,
 ) -> Decision:
     """The next status and actions for `job`.
 
-    `pods` are the job's pods as observed; `expected` names pods the operator created that
+    `pods` are the job's pods as observed (for `launcher: mpi`, the MPI Operator's launcher
+    and workers, and `mpijob` its MPIJob); `expected` names objects the operator created that
     the watch has not shown yet (they count as Pending, never as vanished).
     """
     status = job.status or JobStatus()
     draft = _Draft(status=status, now=now)
+    if job.spec.launcher == "mpi":
+        draft.update(observed_generation=job.metadata.generation)
+        _decide_mpi(draft, job, mpijob, list(pods), set(expected))
+        return draft.decision()
     attempt = status.restarts
     observed = list(pods)
     ours = [p for p in observed if p.owner_uid in (None, job.metadata.uid)]
@@ -265,9 +341,7 @@ def decide(
     draft.update(observed_generation=job.metadata.generation)
     _count_workers(draft, job, current)
 
-    if job.spec.launcher == "mpi":
-        _delegate_to_mpi_operator(draft)
-    elif status.phase in FINISHED:
+    if status.phase in FINISHED:
         _after_finish(draft, job, ours)
     elif job.spec.run_policy.suspend:
         _suspend(draft, observed)
@@ -302,14 +376,141 @@ def reject(status: JobStatus, problems: list[str], now: datetime) -> Decision:
     return draft.decision()
 
 
-def _delegate_to_mpi_operator(draft: _Draft) -> None:
-    """launcher: mpi — create the MPIJob once; the MPI Operator runs and restarts its pods."""
-    if draft.status.phase is None:
-        message = "Created the MPIJob; the MPI Operator runs its launcher and workers"
-        draft.actions.append(CreateWorkers(attempt=0, indices=()))
+# --- launcher: mpi ---------------------------------------------------------------------------
+
+
+def _decide_mpi(
+    draft: _Draft,
+    job: DDPTrainingJob,
+    mpijob: MPIJobView | None,
+    pods: list[PodView],
+    expected: set[str],
+) -> None:
+    """`launcher: mpi`: one MPIJob per attempt, its state mirrored into the job's status.
+
+    The MPI Operator runs the launcher and the workers; kube-ddp decides restarts (a new
+    MPIJob, the whole group), the deadline and the TTL, with the torchrun rules (docs/mpi.md).
+    """
+    status = draft.status
+    attempt = status.restarts
+    policy = job.spec.run_policy
+    current = [p for p in pods if p.attempt == attempt]
+    workers = {p.index: p for p in current if p.role == names.MPI_WORKER}
+    launchers = [p for p in current if p.role == names.MPI_LAUNCHER]
+    _count_workers(draft, job, workers)
+
+    if status.phase in FINISHED:
+        _after_finish(draft, job, [], mpijob)
+        return
+    if mpijob is not None and (mpijob.attempt != attempt or mpijob.deleting):
+        # An earlier attempt's MPIJob: the next one has the same name, so it must go first.
+        if not mpijob.deleting:
+            draft.actions.append(DeleteMPIJob(mpijob.name))
+        return
+    if _deadline_passed(draft, job):
+        deadline = policy.active_deadline_seconds
+        message = f"The job ran longer than activeDeadlineSeconds ({deadline}s)"
+        _finish(draft, job, [], "Failed", Reason.DEADLINE_EXCEEDED, message, mpijob)
+        return
+    if mpijob is None:
+        if job.name in expected:
+            return  # created; the watch has not shown it yet
+        if status.phase in NOT_CREATED:
+            _create_mpijob(draft, job, attempt)
+            return
+        vanished = _WorkerFailure(
+            job.name, -1, None, PodReason.DELETED, "the MPIJob was deleted", "~", launcher=True
+        )
+        _fail_or_restart(draft, job, [vanished], [], None)
+        return
+
+    if mpijob.suspended != policy.suspend:
+        draft.actions.append(SuspendMPIJob(mpijob.name, suspend=policy.suspend))
+    if policy.suspend:
+        _suspend(draft, [])
+        return
+    if status.phase == "Suspended":
+        _resume(draft, job)
+    if mpijob.succeeded:
+        launcher = next((p.name for p in launchers if p.phase == "Succeeded"), mpijob.name)
+        message = f"{launcher} completed (mpirun exited 0)"
+        _finish(draft, job, [], "Succeeded", Reason.LAUNCHER_SUCCEEDED, message, mpijob)
+    elif failures := _mpi_failures(mpijob, launchers, workers):
+        _fail_or_restart(draft, job, failures, [], mpijob)
+    else:
+        _mpi_progress(draft, job, mpijob, workers)
+
+
+def _create_mpijob(draft: _Draft, job: DDPTrainingJob, attempt: int) -> None:
+    """Create the attempt's MPIJob (suspended when the job is: its pods then wait)."""
+    draft.actions.append(CreateWorkers(attempt=attempt, indices=()))
+    message = f"Created the MPIJob (attempt {attempt}); the MPI Operator runs its pods"
+    draft.condition("Created", "True", Reason.MPIJOB_CREATED, message)
+    if job.spec.run_policy.suspend:
+        _suspend(draft, [])
+        return
+    if draft.status.start_time is None:
         draft.update(start_time=draft.now)
-        draft.condition("Created", "True", Reason.MPIJOB_CREATED, message)
-        draft.phase("Pending", Reason.MPIJOB_CREATED, message)
+    draft.phase("Pending", Reason.MPIJOB_CREATED, message)
+
+
+def _resume(draft: _Draft, job: DDPTrainingJob) -> None:
+    draft.condition("Suspended", "False", Reason.RESUMED, "The job was resumed")
+    if draft.status.start_time is None:
+        draft.update(start_time=draft.now)
+    draft.phase("Pending", Reason.RESUMED, f"Resumed the MPIJob {job.name}")
+
+
+def _mpi_failures(
+    mpijob: MPIJobView, launchers: list[PodView], workers: Mapping[int, PodView]
+) -> list[_WorkerFailure]:
+    """Failed launcher and worker pods of this attempt, the first one first.
+
+    A worker the MPI Operator replaced while mpirun ran (created after the launcher) counts as
+    lost: its rank died with the old pod, and mpirun cannot take a new one in.
+    """
+    failures = [f for p in [*launchers, *workers.values()] if (f := _pod_failure(p))]
+    started = min((p.created_at for p in launchers if p.created_at), default=None)
+    for pod in workers.values():
+        if started and pod.created_at and pod.created_at > started and pod.phase != "Failed":
+            message = "replaced while mpirun ran: its rank was lost with the pod before it"
+            failures.append(
+                _WorkerFailure(
+                    pod.name, pod.index, None, PodReason.DELETED, message, pod.created_at
+                )
+            )
+    if not failures and mpijob.failed:
+        # Failed for good, with no pod left to say why (the MPI Operator's own reason).
+        _, reason, message = mpijob.conditions["Failed"]
+        failures.append(
+            _WorkerFailure(
+                mpijob.name, -1, None, reason or PodReason.ERROR, message, "~", launcher=True
+            )
+        )
+    return _first_first(failures)
+
+
+def _mpi_progress(
+    draft: _Draft, job: DDPTrainingJob, mpijob: MPIJobView, workers: Mapping[int, PodView]
+) -> None:
+    """Pending until every worker is placed, Starting until mpirun and every worker run (the
+    MPIJob's Running condition), then Running."""
+    ordered = sorted(workers.values(), key=lambda p: p.index)
+    _schedulable(draft, ordered, job.spec.nodes)
+    nodes = job.spec.nodes
+    if mpijob.true("Running"):
+        message = f"mpirun and all {nodes} workers are running"
+        draft.condition("Running", "True", Reason.LAUNCHER_RUNNING, message)
+        if condition_status(draft.status, "Restarting") == "True":
+            draft.condition("Restarting", "False", Reason.LAUNCHER_RUNNING, message)
+        draft.phase("Running", Reason.LAUNCHER_RUNNING, message)
+    elif len(ordered) == nodes and all(p.scheduled for p in ordered):
+        running = sum(p.phase == "Running" for p in ordered)
+        message = f"{running}/{nodes} workers running; mpirun starts once all are ready"
+        draft.phase("Starting", Reason.WORKERS_STARTING, message)
+    else:
+        placed = sum(p.scheduled for p in ordered)
+        draft.phase("Pending", Reason.WORKERS_PENDING, f"{placed}/{nodes} workers scheduled")
 
 
 def _delete(draft: _Draft, pods: Iterable[PodView]) -> None:
@@ -353,18 +554,23 @@ def _create(draft: _Draft, job: DDPTrainingJob, attempt: int, indices: list[int]
     draft.phase("Pending", Reason.RESUMED if resumed else Reason.WORKERS_CREATED, message)
 
 
-def _progress(draft: _Draft, job: DDPTrainingJob, current: Mapping[int, PodView]) -> None:
-    """Pending until every worker is placed, Starting until every worker runs, then Running."""
-    workers = sorted(current.values(), key=lambda p: p.index)
+def _schedulable(draft: _Draft, workers: list[PodView], nodes: int) -> None:
+    """Schedulable=False naming the first worker the scheduler cannot place; True once all
+    `nodes` are placed."""
     stuck = [p for p in workers if p.unschedulable]
     if stuck:
         message = f"{stuck[0].name}: {stuck[0].unschedulable}"
         if condition_status(draft.status, "Schedulable") != "False":
             draft.events.append(Event("Warning", Reason.UNSCHEDULABLE, message))
         draft.condition("Schedulable", "False", Reason.UNSCHEDULABLE, message)
-    elif all(p.scheduled for p in workers):
+    elif len(workers) == nodes and all(p.scheduled for p in workers):
         draft.condition("Schedulable", "True", Reason.SCHEDULED, "All worker pods are scheduled")
 
+
+def _progress(draft: _Draft, job: DDPTrainingJob, current: Mapping[int, PodView]) -> None:
+    """Pending until every worker is placed, Starting until every worker runs, then Running."""
+    workers = sorted(current.values(), key=lambda p: p.index)
+    _schedulable(draft, workers, job.spec.nodes)
     running = sum(p.phase in ("Running", "Succeeded") for p in workers)
     if running == job.spec.nodes:
         message = f"All {job.spec.nodes} workers are running"
@@ -391,6 +597,7 @@ class _WorkerFailure:
     reason: str
     message: str
     finished_at: str
+    launcher: bool = False  # launcher mpi: mpirun's pod, not a worker
 
     @property
     def lost_or_killed(self) -> bool:
@@ -417,22 +624,36 @@ def _failures(job: DDPTrainingJob, current: Mapping[int, PodView]) -> list[_Work
             failures.append(
                 _WorkerFailure(name, index, None, PodReason.DELETED, "the pod was deleted", "~")
             )
-        elif pod.phase in ("Failed", "Unknown") or (pod.deleting and pod.phase != "Succeeded"):
-            reason = pod.reason or (PodReason.NODE_LOST if pod.phase == "Unknown" else None)
-            reason = reason or (PodReason.DELETED if pod.deleting else PodReason.ERROR)
-            failures.append(
-                _WorkerFailure(
-                    pod.name,
-                    index,
-                    pod.exit_code if pod.phase == "Failed" else None,
-                    reason,
-                    pod.message or "",
-                    pod.finished_at or "~",  # "~" sorts after any timestamp
-                )
-            )
+        elif failure := _pod_failure(pod):
+            failures.append(failure)
+    return _first_first(failures)
+
+
+def _pod_failure(pod: PodView) -> _WorkerFailure | None:
+    """How `pod` failed, if it did: it ended Failed, its node was lost, or it is being
+    deleted before it succeeded."""
+    if not (pod.phase in ("Failed", "Unknown") or (pod.deleting and pod.phase != "Succeeded")):
+        return None
+    reason = pod.reason or (PodReason.NODE_LOST if pod.phase == "Unknown" else None)
+    reason = reason or (PodReason.DELETED if pod.deleting else PodReason.ERROR)
+    return _WorkerFailure(
+        pod.name,
+        pod.index,
+        pod.exit_code if pod.phase == "Failed" else None,
+        reason,
+        pod.message or "",
+        pod.finished_at or "~",  # "~" sorts after any timestamp
+        launcher=pod.role == names.MPI_LAUNCHER,
+    )
+
+
+def _first_first(failures: list[_WorkerFailure]) -> list[_WorkerFailure]:
     # Finish times have a resolution of one second. Within the same second, a rank that was
-    # killed or lost comes first: its peers' errors (their collectives broke) follow from it.
-    return sorted(failures, key=lambda f: (f.finished_at, not f.lost_or_killed, f.index))
+    # killed or lost comes first: its peers' errors (their collectives broke) follow from it;
+    # and a worker before mpirun, which only reports what happened to a rank.
+    return sorted(
+        failures, key=lambda f: (f.finished_at, not f.lost_or_killed, f.launcher, f.index)
+    )
 
 
 def is_retryable(job: DDPTrainingJob, failure: _WorkerFailure) -> bool:
@@ -452,9 +673,16 @@ def is_retryable(job: DDPTrainingJob, failure: _WorkerFailure) -> bool:
 
 
 def _fail_or_restart(
-    draft: _Draft, job: DDPTrainingJob, failures: list[_WorkerFailure], pods: list[PodView]
+    draft: _Draft,
+    job: DDPTrainingJob,
+    failures: list[_WorkerFailure],
+    pods: list[PodView],
+    mpijob: MPIJobView | None = None,
 ) -> None:
+    """Restart the group if the first failure is retryable and restarts are left; else Failed.
+    For `launcher: mpi` the group is the attempt's MPIJob."""
     first = failures[0]
+    failed = Reason.LAUNCHER_FAILED if first.launcher else Reason.WORKER_FAILED
     failure = Failure(
         pod=first.pod, exit_code=first.exit_code, reason=first.reason, message=first.message
     )
@@ -468,16 +696,19 @@ def _fail_or_restart(
             f"(restart {restarts} of at most {policy.backoff_limit})"
         )
         draft.update(restarts=restarts)
-        draft.condition("Restarting", "True", Reason.WORKER_FAILED, message)
-        draft.condition("Running", "False", Reason.WORKER_FAILED, message)
-        draft.phase("Restarting", Reason.WORKER_FAILED, message, warning=True)
-        _delete(draft, pods)
+        draft.condition("Restarting", "True", failed, message)
+        draft.condition("Running", "False", failed, message)
+        draft.phase("Restarting", failed, message, warning=True)
+        if job.spec.launcher != "mpi":
+            _delete(draft, pods)
+        elif mpijob is not None and not mpijob.deleting:
+            draft.actions.append(DeleteMPIJob(mpijob.name))
         return
     if retryable:
         reason = Reason.BACKOFF_LIMIT_EXCEEDED
         message = f"{first.describe()}; backoffLimit {policy.backoff_limit} reached"
     elif policy.restart_policy == "Never":
-        reason = Reason.WORKER_FAILED
+        reason = failed
         message = f"{first.describe()}; restartPolicy is Never"
     else:
         reason = Reason.NON_RETRYABLE_EXIT_CODE
@@ -485,7 +716,7 @@ def _fail_or_restart(
             f"{first.describe()}; exit code {first.exit_code} is not retryable (codes >= 128 "
             "and runPolicy.retryableExitCodes are)"
         )
-    _finish(draft, job, pods, "Failed", reason, message)
+    _finish(draft, job, pods, "Failed", reason, message, mpijob)
 
 
 def _finish(
@@ -495,6 +726,7 @@ def _finish(
     phase: Literal["Succeeded", "Failed"],
     reason: str,
     message: str,
+    mpijob: MPIJobView | None = None,
 ) -> None:
     draft.update(completion_time=draft.now)
     draft.condition(phase, "True", reason, message)
@@ -503,13 +735,21 @@ def _finish(
     if condition_status(draft.status, "Restarting") == "True":
         draft.condition("Restarting", "False", reason, message)
     draft.phase(phase, reason, message, warning=phase == "Failed")
-    _after_finish(draft, job, pods)
+    _after_finish(draft, job, pods, mpijob)
 
 
-def _after_finish(draft: _Draft, job: DDPTrainingJob, pods: list[PodView]) -> None:
+def _after_finish(
+    draft: _Draft, job: DDPTrainingJob, pods: list[PodView], mpijob: MPIJobView | None = None
+) -> None:
     """cleanPodPolicy, then ttlSecondsAfterFinished."""
     policy = job.spec.run_policy
-    if policy.clean_pod_policy == "All":
+    if job.spec.launcher == "mpi":
+        # The MPI Operator applies cleanPodPolicy when its MPIJob ends. One that kube-ddp
+        # ends first (no restarts left for a lost worker, the deadline) is suspended: that
+        # stops its pods and keeps the MPIJob to look at.
+        if mpijob and not (mpijob.succeeded or mpijob.failed or mpijob.suspended):
+            draft.actions.append(SuspendMPIJob(mpijob.name, suspend=True))
+    elif policy.clean_pod_policy == "All":
         _delete(draft, pods)
     elif policy.clean_pod_policy == "Running":
         _delete(draft, [p for p in pods if p.active])

@@ -367,7 +367,13 @@ def test_mpijob_for_gaudi() -> None:
     assert obj["kind"] == "MPIJob"
     assert obj["metadata"]["name"] == "bar"
     assert obj["spec"]["slotsPerWorker"] == 8
-    assert obj["spec"]["runPolicy"]["backoffLimit"] == 3
+    # kube-ddp decides restarts: a failed launcher fails the MPIJob at once (docs/mpi.md)
+    assert obj["spec"]["runPolicy"] == {
+        "backoffLimit": 0,
+        "cleanPodPolicy": "Running",
+        "suspend": False,
+    }
+    assert obj["spec"]["launcherCreationPolicy"] == "WaitForWorkersReady"
     words = launcher_script(obj)
     mpirun = words[words.index("mpirun") :]
     assert mpirun[:10] == [
@@ -412,6 +418,36 @@ def test_mpijob_exports_the_contract_and_user_env() -> None:
     exported = [words[i + 1] for i, w in enumerate(words) if w == "-x"]
     assert exported[0] == "MASTER_ADDR"
     assert {"WORLD_SIZE", "DDP_BACKEND", "KUBEDDP_JOB_NAME", "PT_HPU_LAZY_MODE"} <= set(exported)
+    # ranks started over ssh get sshd's environment: python's PATH and the API server's
+    # address (rank 0 reports progress) must be passed on
+    assert {"PATH", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"} <= set(exported)
+
+
+def test_mpi_pods_cannot_be_taken_for_torchrun_workers() -> None:
+    """The MPI Operator's pods carry the job's name (so the operator watches them) but not
+    `managed-by` nor our replica index: the index of our own workers never sees them."""
+    obj = mpijob(GAUDI_2X8)
+    assert obj["metadata"]["labels"][names.LABEL_MANAGED_BY] == names.MANAGED_BY
+    for role in ("Launcher", "Worker"):
+        replica = obj["spec"]["mpiReplicaSpecs"][role]
+        labels = replica["template"]["metadata"]["labels"]
+        assert labels == {names.LABEL_JOB_NAME: "bar", names.LABEL_ATTEMPT: "0"}
+        # the replica's restartPolicy is the MPIJob's; one in the template draws a Warning
+        assert "restartPolicy" not in replica["template"]["spec"]
+        assert replica["restartPolicy"] == "Never"
+
+
+def test_mpi_ssh_settings_meet_on_both_ends() -> None:
+    """The workers' sshd and the launcher's ssh client use the same port and key path."""
+    obj = mpijob({**GAUDI_2X8, "mpi": {"sshPort": 3022, "sshAuthMountPath": "/root/.ssh"}})
+    assert obj["spec"]["sshAuthMountPath"] == "/root/.ssh"
+    words = launcher_script(obj)
+    rsh = words[words.index("plm_rsh_args") + 1]
+    assert "-p 3022" in rsh and "-i /root/.ssh/id_rsa" in rsh
+    (worker,) = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    script = worker["command"][2]
+    assert "Port 3022" in script and "HostKey /root/.ssh/id_rsa" in script
+    assert script.endswith("exec /usr/sbin/sshd -D -e -f /tmp/kube-ddp-sshd_config")
 
 
 def test_mpi_launcher_children_are_one_mpijob() -> None:

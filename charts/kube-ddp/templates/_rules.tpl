@@ -24,7 +24,8 @@
 - apiGroups: ["kubeddp.io"]
   resources: ["ddptrainingjobs/finalizers"]
   verbs: ["update"]
-# kopf's watch of the workers: handlers.ddp_pods (kopf.index), handlers.pod_event
+# kopf's watch of the workers: handlers.ddp_pods and handlers.mpi_pods (kopf.index),
+# handlers.pod_event
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
@@ -51,10 +52,17 @@
   resources: ["events"]
   verbs: ["create"]
 {{- if .Values.rbac.mpiJobs }}
-# launcher mpi: Controller._act(CreateWorkers) -> Kube.create(builders.build_mpijob)
+# launcher mpi: Controller._act(CreateWorkers) -> Kube.create(builders.build_mpijob); a group
+# restart: Kube.delete_mpijob; suspend and resume: Kube.suspend_mpijob
 - apiGroups: ["kubeflow.org"]
   resources: ["mpijobs"]
-  verbs: ["create"]
+  verbs: ["create", "delete", "patch"]
+{{- end }}
+{{- if .Values.rbac.mpiJobs }}
+# launcher mpi: the status mirror, handlers.mpijob_event
+- apiGroups: ["kubeflow.org"]
+  resources: ["mpijobs"]
+  verbs: ["list", "watch"]
 {{- end }}
 {{- end -}}
 
