@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import subprocess
 import time
@@ -50,17 +51,20 @@ def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> str:
 def install_crd(kubeconfig: Path = KUBECONFIG) -> None:
     """Apply the MPIJob CRD (server-side: it is too large for the last-applied annotation)."""
     kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", f"--filename={crd_file()}")
-    # Not `kubectl wait`: it fails outright while a new CRD has no conditions yet.
-    established = "{.status.conditions[?(@.type=='Established')].status}"
-    wait_until(
-        f"the CRD {CRD_NAME} to be established",
-        lambda: (
-            kubectl(kubeconfig, "get", f"crd/{CRD_NAME}", f"--output=jsonpath={established}")
-            == "True"
-        ),
-        30,
-        {},
-    )
+
+    # Not `kubectl wait` (nor a jsonpath filter): both fail outright while a new CRD has no
+    # conditions yet.
+    def established() -> bool:
+        crd = json.loads(kubectl(kubeconfig, "get", f"crd/{CRD_NAME}", "--output=json"))
+        conditions = crd.get("status", {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    wait_until(f"the CRD {CRD_NAME} to be established", established, 30, {})
+
+
+def remove_crd(kubeconfig: Path = KUBECONFIG) -> None:
+    """Delete the MPIJob CRD (and so every MPIJob): the cluster no longer serves the kind."""
+    kubectl(kubeconfig, "delete", f"crd/{CRD_NAME}", "--ignore-not-found", "--wait=true")
 
 
 @contextlib.contextmanager

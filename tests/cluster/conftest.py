@@ -135,6 +135,19 @@ def operator(
         yield process
 
 
+@pytest.fixture(scope="module")
+def mpi_operator(cluster: Cluster) -> Iterator[None]:
+    """The Kubeflow MPI Operator (hack/devcluster/mpioperator.py) watching every namespace, for
+    one test module; its CRD is removed afterwards, so other modules meet a cluster that does
+    not serve MPIJobs."""
+    dev_cluster = load_dev_cluster()
+    try:
+        with dev_cluster.mpioperator.running(cluster.kubeconfig):
+            yield
+    finally:
+        dev_cluster.mpioperator.remove_crd(cluster.kubeconfig)
+
+
 @pytest.fixture(scope="session")
 def helm(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Helm:
     """The dev cluster's helm (built with the control plane), on the admin kubeconfig; its
