@@ -12,13 +12,14 @@ docs/dev-cluster.md describe it.
 | node | the real node: containerd, CNI, kubelet, CoreDNS; `up`, `down` |
 | images | the real node's images, made here |
 | host | what the real node changes on the host, recorded and put back |
+| packages | Debian packages, installed with apt-get when a tool is missing |
 | mpioperator | the Kubeflow MPI Operator, run against the cluster |
 | cli | `hack/dev-cluster.py build|up|down|status|mpi-operator|tool` |
 
 What tests and benchmarks use is re-exported here.
 """
 
-from devcluster import controlplane, host, mpioperator, node
+from devcluster import controlplane, host, mpioperator, node, packages
 from devcluster.build import KUBERNETES_VERSION, binaries_ready, binary, build_all
 from devcluster.controlplane import (
     free_port,
@@ -54,6 +55,7 @@ __all__ = [
     "host",
     "mpioperator",
     "node",
+    "packages",
     "read_state",
     "restart_apiserver",
     "running_state",

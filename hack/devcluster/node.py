@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypedDict
 
-from devcluster import images
+from devcluster import images, packages
 from devcluster.build import binary, build_all
 from devcluster.controlplane import State, api_json, kubectl, running_state
 from devcluster.host import HostRecord, read_sysctl, require_root, write_sysctl
@@ -74,19 +74,9 @@ def ctr() -> list[str]:
 
 def install_packages() -> None:
     """Debian's containerd, runc, CNI plugins and iptables, when missing (as root)."""
-    missing = [tool for tool in NEEDED if shutil.which(tool) is None]
-    if not (CNI_BIN / "bridge").exists():
-        missing.append("the CNI plugins")
-    if not missing:
-        return
-    require_root("installing the real node's packages")
-    log(f"installing {', '.join(APT_PACKAGES)} from Debian")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (
-        ["apt-get", "update", "-qq"],
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *APT_PACKAGES],
-    ):
-        run(*argv, env=env)
+    if packages.missing(NEEDED) or not (CNI_BIN / "bridge").exists():
+        require_root("installing the real node's packages")
+        packages.install(APT_PACKAGES, "the real node")
 
 
 def containerd_config() -> str:

@@ -98,6 +98,28 @@ def test_slurm_srun_tasks() -> None:
     assert world == World("slurm", 5, 6, 1, 2, "gpu07", 29500)
 
 
+def test_srun_with_pmi2_is_read_as_slurm_which_knows_the_nodes() -> None:
+    """`srun --mpi=pmi2` adds PMI_RANK/PMI_SIZE but no local rank: PMI alone would take all
+    six ranks for one node."""
+    env = {
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "6",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS_PER_NODE": "2(x3)",
+        "SLURM_STEP_NODELIST": "gpu[07-09]",
+        "PMI_RANK": "5",
+        "PMI_SIZE": "6",
+        "PMI_FD": "7",
+    }
+    assert discover_world(env) == World("slurm", 5, 6, 1, 2, "gpu07", 29500)
+    # mpirun (Hydra) under Slurm: one Slurm task per node, PMI ranks across them
+    hydra = {**env, "SLURM_PROCID": "1", "SLURM_NTASKS": "3", "PMI_RANK": "3"}
+    assert discover_world({**hydra, "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}).launcher == (
+        "pmi"
+    )
+
+
 def test_a_slurm_batch_script_is_one_plain_process() -> None:
     assert discover_world({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}).launcher == "none"
 

@@ -127,6 +127,8 @@ def discover_world(env: Mapping[str, str]) -> World:
     launcher = next((launcher for launcher in _LAUNCHERS if launcher.marker in env), None)
     if launcher is None:
         return World(launcher="none")
+    if launcher.name == "pmi" and _srun_started_the_ranks(env):
+        launcher = _LAUNCHERS[-1]  # Slurm knows the local ranks and the nodes; PMI does not
     name = launcher.name
     if name == "env" and "TORCHELASTIC_RUN_ID" in env:
         name = "torchrun"
@@ -155,6 +157,16 @@ def discover_world(env: Mapping[str, str]) -> World:
         master_port=_int(env, contract.MASTER_PORT)
         if env.get(contract.MASTER_PORT)
         else DEFAULT_MASTER_PORT,
+    )
+
+
+def _srun_started_the_ranks(env: Mapping[str, str]) -> bool:
+    """`srun --mpi=pmi2`: every rank is a Slurm task, so Slurm's variables describe it fully.
+    (mpirun under Slurm starts one task per node instead, and its PMI ranks count on.)"""
+    return (
+        "SLURM_STEP_ID" in env
+        and env.get("SLURM_NTASKS") == env.get("PMI_SIZE")
+        and env.get("SLURM_PROCID") == env.get("PMI_RANK")
     )
 
 

@@ -1,0 +1,222 @@
+"""The trainer under the HPC launchers users come from, for real: Open MPI's mpirun started with
+exactly the launcher command `build_mpijob` renders, and Slurm's srun on a slurmctld and slurmd
+started here (Debian's packages, installed by the test set-up where missing)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kube_ddp.builders import BuildSettings, build_mpijob
+from tests.cluster.support import load_dev_cluster
+from tests.trainer import support
+from tests.unit.support import make_job
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+TARGET = {
+    "dataset": "mnist",
+    "epochs": 6,
+    "targetAccuracy": 0.9,
+    "batchSize": 32,
+    "lr": 0.05,
+    "timeoutSeconds": 60,
+}
+# Skips anything rsh/ssh is given and runs the command here: each host-file line is then its
+# own "node" without an sshd (the MPI Operator's workers run a real one; the e2e tier uses it).
+FAKE_SSH = """#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o|-p|-F|-i|-l) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+shift  # the host
+exec /bin/sh -c "$*"
+"""
+
+
+def debian_tools(tools: dict[str, str], why: str) -> None:
+    """Make sure `tools` (binary -> Debian package) are installed; outside CI, skip when they
+    are missing and cannot be installed (not root)."""
+    dev_cluster = load_dev_cluster()
+    absent = dev_cluster.packages.missing(tools)
+    if not absent:
+        return
+    try:
+        dev_cluster.packages.install(sorted({tools[t] for t in absent}), why)
+    except dev_cluster.ClusterError as error:
+        if IN_CI:
+            raise
+        pytest.skip(str(error))
+
+
+def venv_first_path() -> str:
+    # The rendered command runs `python`: this environment's, as the image's PATH would give.
+    return f"{support.VENV_BIN}{os.pathsep}{os.environ['PATH']}"
+
+
+# --- Open MPI ---------------------------------------------------------------------------------
+
+
+def test_mpirun_runs_the_rendered_launcher_command_across_two_hosts(
+    idx_data: Path, tmp_path: Path
+) -> None:
+    """Two "nodes" (127.0.0.2 and .3 in the host file, the way the MPI Operator writes it) of one
+    rank each, MASTER_ADDR from the host file's first line, the contract passed on by -x."""
+    debian_tools({"mpirun": "openmpi-bin"}, "mpirun for the trainer tier")
+    summary = tmp_path / "summary.json"
+    job = make_job(
+        nodes=2,
+        launcher="mpi",
+        port=support.free_port(),
+        mpi={"socketsPerNode": 1, "coresPerProcess": 1},  # this machine: 1 socket, 2 cores
+        trainer={**TARGET, "dataDir": str(idx_data), "summaryFile": str(summary)},
+    )
+    mpijob = build_mpijob(job, 0, BuildSettings())
+    (launcher,) = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("127.0.0.2 slots=1\n127.0.0.3 slots=1\n")
+    agent = tmp_path / "fake-ssh"
+    agent.write_text(FAKE_SSH)
+    agent.chmod(0o755)
+    env = support.clean_env(
+        PATH=venv_first_path(),
+        # what the MPI Operator sets on its launcher
+        OMPI_MCA_orte_default_hostfile=str(hostfile),
+        OMPI_MCA_orte_keep_fqdn_hostnames="true",
+        OMPI_MCA_plm_rsh_agent=str(agent),
+        **{e["name"]: e["value"] for e in launcher["env"]},
+    )
+    run = support.run(launcher["command"], env=env).check()
+
+    result = support.summary(summary)
+    assert result["world_size"] == 2
+    assert result["stopped_early"] is True
+    assert result["val_accuracy"] >= 0.9
+    assert "launcher=openmpi" in run.stderr
+    # two nodes of one rank each, not one node of two
+    assert run.identities() == {
+        "rank=0 world_size=2 local_rank=0 local_world_size=1 node_rank=0",
+        "rank=1 world_size=2 local_rank=0 local_world_size=1 node_rank=1",
+    }
+
+
+# --- Slurm ------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def slurm_conf(directory: Path, host: str) -> str:
+    """One node (this machine), auth/none: no munge, nothing written outside `directory`."""
+    return "\n".join(
+        [
+            "ClusterName=kube-ddp-test",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
+            f"SlurmUser={os.environ.get('USER') or 'root'}",
+            f"SlurmdUser={os.environ.get('USER') or 'root'}",
+            "AuthType=auth/none",
+            "CredType=cred/none",
+            f"StateSaveLocation={directory / 'state'}",
+            f"SlurmdSpoolDir={directory / 'spool'}",
+            f"SlurmctldPidFile={directory / 'slurmctld.pid'}",
+            f"SlurmdPidFile={directory / 'slurmd.pid'}",
+            f"SlurmctldLogFile={directory / 'slurmctld.log'}",
+            f"SlurmdLogFile={directory / 'slurmd.log'}",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "SwitchType=switch/none",
+            "MpiDefault=none",
+            "MailProg=/bin/true",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "ReturnToService=2",
+            f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=1000 "
+            "State=UNKNOWN",
+            f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP",
+            "",
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """slurmctld and slurmd on this machine; yields the environment srun needs."""
+    debian_tools({"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "srun": "slurm-client"}, "Slurm")
+    directory = tmp_path_factory.mktemp("slurm")
+    (directory / "state").mkdir()
+    (directory / "spool").mkdir()
+    conf = directory / "slurm.conf"
+    conf.write_text(slurm_conf(directory, socket.gethostname()))
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    daemons = [
+        subprocess.Popen(
+            [str(shutil.which(daemon)), "-D", "-f", str(conf)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for daemon in ("slurmctld", "slurmd")
+    ]
+    try:
+        deadline = time.monotonic() + 30
+        state = ""
+        while state != "idle":
+            exited = [d.args[0] for d in daemons if d.poll() is not None]
+            if exited or time.monotonic() > deadline:
+                logs = "\n".join(p.read_text() for p in directory.glob("*.log"))
+                pytest.fail(f"Slurm did not come up (exited: {exited}; node {state!r}):\n{logs}")
+            time.sleep(0.2)
+            state = subprocess.run(
+                ["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, check=False
+            ).stdout.strip()
+        yield {"SLURM_CONF": str(conf)}
+    finally:
+        for daemon in reversed(daemons):  # slurmd first, then slurmctld
+            daemon.terminate()
+            try:
+                daemon.wait(10)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait(10)
+
+
+@pytest.mark.parametrize("mpi", [None, "pmi2"])
+def test_srun_tasks_per_node_train_to_the_target(
+    slurm: dict[str, str], idx_data: Path, tmp_path: Path, mpi: str | None
+) -> None:
+    """`srun --ntasks-per-node=2` as Taurus users launch; with `--mpi=pmi2` too, which adds
+    PMI's variables (the trainer must still read the node layout from Slurm's)."""
+    summary = tmp_path / "summary.json"
+    args = [
+        *("--dataset", "mnist", "--data-dir", str(idx_data), "--epochs", "6"),
+        *("--target-accuracy", "0.9", "--batch-size", "32", "--lr", "0.05"),
+        *("--timeout-seconds", "60", "--summary-file", str(summary)),
+    ]
+    srun = ["srun", "--nodes=1", "--ntasks-per-node=2", *([f"--mpi={mpi}"] if mpi else [])]
+    env = support.clean_env(PATH=venv_first_path(), MASTER_PORT=str(support.free_port()), **slurm)
+    run = support.run([*srun, *support.trainer_command(*args)], env=env).check()
+    result = support.summary(summary)
+    assert (result["world_size"], result["stopped_early"]) == (2, True)
+    assert result["val_accuracy"] >= 0.9
+    assert "launcher=slurm" in run.stderr
+    assert run.identities() == {
+        "rank=0 world_size=2 local_rank=0 local_world_size=2 node_rank=0",
+        "rank=1 world_size=2 local_rank=1 local_world_size=2 node_rank=0",
+    }
