@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import devcluster
@@ -45,6 +46,8 @@ def cmd_mpi_operator(_: argparse.Namespace) -> int:
     """Run the MPI Operator against the running cluster until ^C (launcher: mpi jobs need it)."""
     if not controlplane.running_state():
         raise ClusterError("the cluster is not running: `hack/dev-cluster.py up` first")
+    # SIGTERM too (and SIGINT where a shell started it in the background, ignoring SIGINT).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with mpioperator.running():
         print(f"MPI Operator running; its log: {mpioperator.LOG}; ^C stops it")
         with contextlib.suppress(KeyboardInterrupt):

@@ -116,9 +116,12 @@ def _host_usr_files(tar: tarfile.TarFile) -> None:
     _entry(
         tar,
         "etc/passwd",
-        data=b"root:x:0:0:root:/root:/bin/sh\nkubeddp:x:10001:10001::/tmp:/usr/sbin/nologin\n",
+        data=b"root:x:0:0:root:/root:/bin/sh\n"
+        b"kubeddp:x:10001:10001::/tmp:/usr/sbin/nologin\n"
+        # the privilege separation user of the host's sshd, which MPI workers run as root
+        b"sshd:x:100:65534::/run/sshd:/usr/sbin/nologin\n",
     )
-    _entry(tar, "etc/group", data=b"root:x:0:\nkubeddp:x:10001:\n")
+    _entry(tar, "etc/group", data=b"root:x:0:\nkubeddp:x:10001:\nnogroup:x:65534:\n")
 
 
 def build_pause(work: Path) -> Path:

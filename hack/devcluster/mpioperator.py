@@ -62,6 +62,10 @@ def install_crd(kubeconfig: Path = KUBECONFIG) -> None:
     wait_until(f"the CRD {CRD_NAME} to be established", established, 30, {})
 
 
+def crd_installed(kubeconfig: Path = KUBECONFIG) -> bool:
+    return bool(kubectl(kubeconfig, "get", f"crd/{CRD_NAME}", "--ignore-not-found"))
+
+
 def remove_crd(kubeconfig: Path = KUBECONFIG) -> None:
     """Delete the MPIJob CRD (and so every MPIJob): the cluster no longer serves the kind."""
     kubectl(kubeconfig, "delete", f"crd/{CRD_NAME}", "--ignore-not-found", "--wait=true")

@@ -395,10 +395,14 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
         *mpi.extra_args,
         *program,
     ]
+    # MASTER_ADDR: the first host of the host file (`host slots=N`), in bash alone: images
+    # need not carry awk.
     script = (
-        "set -eu; "
-        "MASTER_ADDR=$(awk 'NF{print $1; exit}' \"${OMPI_MCA_orte_default_hostfile:-"
-        '/etc/mpi/hostfile}"); export MASTER_ADDR; exec ' + shlex.join(mpirun)
+        "set -eu; MASTER_ADDR=; "
+        "while read -r host _; do case $host in ''|'#'*) continue;; esac; "
+        "MASTER_ADDR=${host%%:*}; break; "
+        'done < "${OMPI_MCA_orte_default_hostfile:-/etc/mpi/hostfile}"; '
+        "export MASTER_ADDR; exec " + shlex.join(mpirun)
     )
     return ["/bin/bash", "-c", script]
 
@@ -434,6 +438,27 @@ def mpi_pod_labels(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
     return {names.LABEL_JOB_NAME: job.name, names.LABEL_ATTEMPT: str(attempt)}
 
 
+def _launcher_pod_spec(job: DDPTrainingJob, launcher: Obj) -> Obj:
+    """The launcher runs only mpirun: the template's placement, security and volumes, but no
+    accelerator, host IPC or /dev/shm, and no PersistentVolumeClaim (data and checkpoints stay
+    with the workers; a ReadWriteOnce claim could not follow the launcher to another node)."""
+    pod = _pod_spec(job, [launcher])
+    del pod["restartPolicy"]  # the replica's restartPolicy is the MPIJob's field for it
+    pod.pop("hostIPC", None)
+    device = job.spec.accelerator.resource
+    pod["tolerations"] = [t for t in pod.get("tolerations", []) if t.get("key") != device]
+    if not pod["tolerations"]:
+        del pod["tolerations"]
+    left_out = {SHM_VOLUME} | {
+        v["name"] for v in job.spec.template.volumes if "persistentVolumeClaim" in v
+    }
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] not in left_out]
+    mounts = [m for m in job.spec.template.volume_mounts if m.get("name") not in left_out]
+    if mounts:
+        launcher["volumeMounts"] = mounts
+    return pod
+
+
 def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> Obj:
     """A Kubeflow MPIJob (v2beta1): a launcher running mpirun, one worker pod per node running
     sshd. kube-ddp keeps the restart decisions (backoffLimit 0 here), the deadline and the TTL
@@ -450,10 +475,6 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
         "command": mpirun_command(job),
         "env": env,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
-    launcher_pod = {
-        "containers": [launcher],
-        "serviceAccountName": spec.template.service_account_name or reporter_account(job),
     }
     worker_pod = _pod_spec(job, [worker])
     del worker_pod["restartPolicy"]  # the replica's restartPolicy is the MPIJob's field for it
@@ -480,7 +501,7 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
                     "restartPolicy": "Never",
                     "template": {
                         "metadata": _pod_metadata(job, None, pod_labels),
-                        "spec": launcher_pod,
+                        "spec": _launcher_pod_spec(job, launcher),
                     },
                 },
                 "Worker": {

@@ -138,14 +138,16 @@ def operator(
 @pytest.fixture(scope="module")
 def mpi_operator(cluster: Cluster) -> Iterator[None]:
     """The Kubeflow MPI Operator (hack/devcluster/mpioperator.py) watching every namespace, for
-    one test module; its CRD is removed afterwards, so other modules meet a cluster that does
-    not serve MPIJobs."""
-    dev_cluster = load_dev_cluster()
+    one test module. Its CRD is removed afterwards unless it was there before, so other modules
+    meet the cluster as it was (some check what a cluster without MPIJobs does)."""
+    mpioperator = load_dev_cluster().mpioperator
+    had_crd = mpioperator.crd_installed(cluster.kubeconfig)
     try:
-        with dev_cluster.mpioperator.running(cluster.kubeconfig):
+        with mpioperator.running(cluster.kubeconfig):
             yield
     finally:
-        dev_cluster.mpioperator.remove_crd(cluster.kubeconfig)
+        if not had_crd:
+            mpioperator.remove_crd(cluster.kubeconfig)
 
 
 @pytest.fixture(scope="session")

@@ -19,11 +19,11 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.cluster.conftest import IN_CI, cluster, crd
+from tests.cluster.conftest import IN_CI, cluster, crd, mpi_operator
 from tests.cluster.helm_support import CHART, Helm, helm_binary
 from tests.cluster.operator_support import Jobs
 from tests.cluster.support import Cluster, fresh_namespace, load_dev_cluster, wait_for
-from tests.e2e.platform import Platform, dev_platform, external_platform
+from tests.e2e.platform import DevPlatform, Platform, dev_platform, external_platform
 
 HERE = Path(__file__).resolve().parent
 OPERATOR_NAMESPACE = "kube-ddp-system"
@@ -78,6 +78,10 @@ def operator(
 ) -> Iterator[dict[str, Any]]:
     """The chart installed and its Deployment Available; yields the helm client and the
     Deployment."""
+    if isinstance(platform, DevPlatform):
+        # kube-ddp resolves the kinds it watches when it starts: the MPIJob kind must be served
+        # before it, for the MPI tests (the MPI Operator itself runs beside the cluster).
+        load_dev_cluster().mpioperator.install_crd(platform.cluster.kubeconfig)
     home = tmp_path_factory.mktemp("helm-home")
     helm = Helm(platform.helm, platform.cluster.kubeconfig, home)
     args = platform.helm_args
@@ -116,4 +120,4 @@ def jobs(platform: Platform, operator: dict[str, Any], namespace_e2e: str) -> Jo
     return Jobs(platform.cluster, namespace_e2e)
 
 
-__all__ = ["cluster", "crd"]
+__all__ = ["cluster", "crd", "mpi_operator"]

@@ -3,9 +3,10 @@
 - `DevPlatform` (the default): the dev cluster (hack/devcluster) with its real node. The
   operator runs from its own image, built from the repository's Dockerfile (cached by the
   digest of its sources). No image registry can be reached and a trainer image is 6 GB (PyPI's
-  torch is the CUDA build), so the workers run the tiny `localhost/hostusr:local` image with the
-  host's /usr, its Python and this repository (with its .venv) mounted read-only: the same code
-  as the tests. They run as root because the host's Python lives under /root (0700).
+  torch is the CUDA build), so the workers run the tiny `localhost/hostusr:local` image with
+  the host's /usr (and /etc/alternatives, through which Debian links commands), its Python
+  and this repository (with its .venv) mounted read-only: the same code as the tests. They run
+  as root because the host's Python lives under /root (0700).
 - `ExternalPlatform`: any cluster with a real node, given by KUBEDDP_E2E_KUBECONFIG, running the
   project's own images (KUBEDDP_E2E_OPERATOR_IMAGE, KUBEDDP_E2E_TRAINER_IMAGE), e.g. kind in
   the GitHub workflow. KUBEDDP_E2E_NODE_EXEC (e.g. `docker exec kind-worker`) lets a test
@@ -100,7 +101,8 @@ def dev_platform(cluster: Cluster, helm: Path) -> DevPlatform:
     from devcluster import images, node
 
     venv = Path(sys.prefix)
-    mounts = {"usr": Path("/usr"), "repo": REPO}
+    # /etc/alternatives: Debian's commands such as mpirun and awk are links through it.
+    mounts = {"usr": Path("/usr"), "alternatives": Path("/etc/alternatives"), "repo": REPO}
     if not Path(sys.base_prefix).is_relative_to("/usr"):
         mounts["python"] = Path(sys.base_prefix)
     volumes = [

@@ -389,7 +389,7 @@ def test_mpijob_for_gaudi() -> None:
         "core",
     ]
     assert mpirun[-5:] == ["python", "-m", "ddp_trainer", "--epochs", "2"]
-    assert "MASTER_ADDR=$(awk" in words  # the first host of the MPI host file
+    assert "MASTER_ADDR=${host%%:*};" in words  # the first host of the MPI host file
     workers = obj["spec"]["mpiReplicaSpecs"]["Worker"]
     assert workers["replicas"] == 2
     (container,) = workers["template"]["spec"]["containers"]
@@ -502,3 +502,31 @@ def test_a_failed_workers_last_log_lines_become_its_message() -> None:
     launcher = mpi["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     for container in (container_of(pod), launcher):
         assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_the_mpi_launcher_gets_the_templates_placement_but_not_the_data() -> None:
+    """mpirun needs the image's environment (volumes, placement, security) but no accelerator,
+    and no claim: a ReadWriteOnce one could not follow the launcher to another node."""
+    template = {
+        "nodeSelector": {"pool": "gaudi"},
+        "securityContext": {"runAsUser": 0},
+        "volumes": [
+            {"name": "data", "persistentVolumeClaim": {"claimName": "cifar10"}},
+            {"name": "tools", "hostPath": {"path": "/opt/tools"}},
+        ],
+        "volumeMounts": [
+            {"name": "data", "mountPath": "/data"},
+            {"name": "tools", "mountPath": "/opt/tools"},
+        ],
+    }
+    obj = mpijob({**GAUDI_2X8, "template": template})
+    launcher = obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    assert launcher["nodeSelector"] == {"pool": "gaudi"}
+    assert launcher["securityContext"] == {"runAsUser": 0}
+    assert [v["name"] for v in launcher["volumes"]] == ["tools"]
+    (container,) = launcher["containers"]
+    assert container["volumeMounts"] == [{"name": "tools", "mountPath": "/opt/tools"}]
+    assert "resources" not in container
+    assert "hostIPC" not in launcher and "tolerations" not in launcher
+    worker_pod = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert {v["name"] for v in worker_pod["volumes"]} == {"data", "tools", "dshm"}

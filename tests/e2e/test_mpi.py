@@ -1,0 +1,46 @@
+"""`launcher: mpi` for real: the Kubeflow MPI Operator (beside the cluster) makes a launcher and
+two worker pods on the real node; the workers run sshd, the launcher runs the mpirun line kube-ddp
+renders, which starts the ranks over ssh between the pods; they train, rank 0 reports progress,
+and the job ends Succeeded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kube_ddp import names
+from tests.cluster.operator_support import Jobs, job_manifest
+from tests.e2e.platform import DevPlatform, Platform
+from tests.e2e.test_jobs import DIGITS, TRAINING_TIMEOUT
+from tests.trainer.test_launchers import debian_tools
+
+pytestmark = pytest.mark.usefixtures("mpi_operator")
+
+
+def test_mpirun_over_ssh_between_pods_trains_to_succeeded(platform: Platform, jobs: Jobs) -> None:
+    if not isinstance(platform, DevPlatform):
+        pytest.skip("the MPI Operator runs beside the dev cluster only (hack/devcluster)")
+    # The pods run the host's /usr (tests/e2e/platform.py): mpirun, ssh and sshd come from it.
+    debian_tools(
+        {"mpirun": "openmpi-bin", "ssh": "openssh-client", "sshd": "openssh-server"},
+        "MPI between pods",
+    )
+    trainer = {**DIGITS, "model": "mlp", "epochs": 40, "targetAccuracy": 0.9, "patience": 2}
+    mpi = {"socketsPerNode": 1, "coresPerProcess": 1, "sshAuthMountPath": "/root/.ssh"}
+    spec: dict[str, Any] = {"nodes": 2, "launcher": "mpi", "mpi": mpi, "trainer": trainer}
+    jobs.create(job_manifest("mpi-digits", **platform.job_spec(spec)))
+    status = jobs.wait_phase("mpi-digits", "Succeeded", timeout=TRAINING_TIMEOUT)
+
+    succeeded = next(c for c in status["conditions"] if c["type"] == "Succeeded")
+    assert succeeded["reason"] == "LauncherSucceeded"
+    assert status["restarts"] == 0
+    # rank 0, started over ssh, reached the API server (KUBERNETES_SERVICE_* passed on by -x)
+    assert status["training"]["valAccuracy"] >= 0.9
+    (launcher,) = [
+        p for p in jobs.pods("mpi-digits") if p.metadata.labels[names.MPI_LABEL_ROLE] == "launcher"
+    ]
+    said = str(jobs.cluster.core.read_namespaced_pod_log(launcher.metadata.name, jobs.namespace))
+    # two pods of one rank each, reached by ssh through the MPI Operator's host file
+    assert "launcher=openmpi" in said
+    assert "rank=1 world_size=2 local_rank=0 local_world_size=1 node_rank=1" in said, said[-3000:]
