@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
 import yaml
 
@@ -227,3 +228,32 @@ def test_the_gaudi_example_runs_on_the_fake_gaudi_nodes(
         jobs.wait_phase(name, "Succeeded")
     finally:
         cluster.core.delete_persistent_volume(volume["metadata"]["name"])
+
+
+def test_clean_pod_policy_deadline_and_ttl(jobs: Jobs, operator: OperatorProcess) -> None:
+    """cleanPodPolicy is the MPI Operator's (Running: the workers go when mpirun ends, the
+    launcher stays for its logs); the deadline and the TTL are kube-ddp's, across attempts."""
+    jobs.create(job_manifest("clean", **CPU_MPI, runPolicy={"ttlSecondsAfterFinished": 3}))
+    jobs.wait_phase("clean", "Running")
+    launcher = running_launcher(jobs, "clean")
+    jobs.end_worker(launcher.metadata.name, 0)
+    jobs.wait_phase("clean", "Succeeded")
+    wait_for(
+        lambda: (
+            [p.metadata.name for p in jobs.pods("clean") if p.metadata.deletion_timestamp is None]
+            == [launcher.metadata.name]
+        ),
+        "the workers to go and the launcher to stay",
+    )
+    wait_for(lambda: not mpijob(jobs, "clean"), "the TTL to delete the job and its MPIJob")
+    with pytest.raises(kubernetes.client.ApiException) as gone:
+        jobs.get("clean")
+    assert gone.value.status == 404
+
+    jobs.create(job_manifest("late", **CPU_MPI, runPolicy={"activeDeadlineSeconds": 3}))
+    jobs.wait_phase("late", "Running")
+    status = jobs.wait_phase("late", "Failed", timeout=30)
+    assert condition(status, "Failed")["reason"] == "DeadlineExceeded"
+    late = wait_for(lambda: mpijob(jobs, "late"), "the MPIJob")
+    assert late["spec"]["runPolicy"]["suspend"] is True  # stopped, kept to be looked at
+    wait_for(lambda: not jobs.pods("late"), "the MPI Operator to remove the pods")
