@@ -85,33 +85,25 @@ def test_intel_mpi_and_mpich() -> None:
     assert (world.launcher, world.rank, world.local_rank, world.node_rank) == ("pmi", 3, 1, 1)
 
 
+# Task 5 of `srun --nodes=3 --ntasks-per-node=2`.
+SRUN_TASK = {
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "5",
+    "SLURM_NTASKS": "6",
+    "SLURM_LOCALID": "1",
+    "SLURM_NTASKS_PER_NODE": "2(x3)",
+    "SLURM_STEP_NODELIST": "gpu[07-09]",
+}
+
+
 def test_slurm_srun_tasks() -> None:
-    env = {
-        "SLURM_STEP_ID": "0",
-        "SLURM_PROCID": "5",
-        "SLURM_NTASKS": "6",
-        "SLURM_LOCALID": "1",
-        "SLURM_NTASKS_PER_NODE": "2(x3)",
-        "SLURM_STEP_NODELIST": "gpu[07-09]",
-    }
-    world = discover_world(env)
-    assert world == World("slurm", 5, 6, 1, 2, "gpu07", 29500)
+    assert discover_world(SRUN_TASK) == World("slurm", 5, 6, 1, 2, "gpu07", 29500)
 
 
 def test_srun_with_pmi2_is_read_as_slurm_which_knows_the_nodes() -> None:
     """`srun --mpi=pmi2` adds PMI_RANK/PMI_SIZE but no local rank: PMI alone would take all
     six ranks for one node."""
-    env = {
-        "SLURM_STEP_ID": "0",
-        "SLURM_PROCID": "5",
-        "SLURM_NTASKS": "6",
-        "SLURM_LOCALID": "1",
-        "SLURM_NTASKS_PER_NODE": "2(x3)",
-        "SLURM_STEP_NODELIST": "gpu[07-09]",
-        "PMI_RANK": "5",
-        "PMI_SIZE": "6",
-        "PMI_FD": "7",
-    }
+    env = {**SRUN_TASK, "PMI_RANK": "5", "PMI_SIZE": "6", "PMI_FD": "7"}
     assert discover_world(env) == World("slurm", 5, 6, 1, 2, "gpu07", 29500)
     # mpirun (Hydra) under Slurm: one Slurm task per node, PMI ranks across them
     hydra = {**env, "SLURM_PROCID": "1", "SLURM_NTASKS": "3", "PMI_RANK": "3"}
