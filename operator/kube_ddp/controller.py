@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -45,9 +45,12 @@ from kube_ddp.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, job name)
 PodIndex = Mapping[Key, Iterable[PodView]]
+# kopf looks up the kinds it watches once, when it starts: an MPIJob kind that appears later
+# is not watched until kube-ddp restarts, and its jobs could not be followed.
 MPI_OPERATOR_MISSING = (
     f"launcher mpi needs the MPI Operator ({names.MPIJOB_API_VERSION} {names.MPIJOB_KIND}), "
-    "which this cluster does not serve: install it, or use launcher: torchrun"
+    "whose kind this cluster did not serve when kube-ddp started: install the MPI Operator, "
+    "then restart kube-ddp; or use launcher: torchrun"
 )
 FIRST_RETRY_DELAY = 1.0  # seconds; doubled after each failed reconcile of the same job
 MAX_RETRY_DELAY = 60.0
@@ -132,6 +135,8 @@ class Controller:
     expectations: Expectations = field(init=False)
     queue: WorkQueue[Key] = field(init=False)
     failures: dict[Key, int] = field(default_factory=dict)  # failed reconciles in a row
+    # Whether kopf watches MPIJobs: it looks up the kinds it watches once, when it starts.
+    watches_mpijobs: Callable[[], bool] = lambda: True
 
     def __post_init__(self) -> None:
         self.expectations = Expectations(self.config.expectation_timeout)
@@ -178,6 +183,9 @@ class Controller:
             job = load_job(body)
         except ValidationError as error:
             await self._apply(key, body, status, reject(status, describe_errors(error), now))
+            return
+        if job.spec.launcher == "mpi" and not self.watches_mpijobs():
+            await self._apply(key, body, status, reject(status, [MPI_OPERATOR_MISSING], now))
             return
         index = self.mpi_pods if job.spec.launcher == "mpi" else self.pods
         pods = list(index.get(key, [])) if index is not None else []

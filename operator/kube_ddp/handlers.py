@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from kopf._cogs.structs.references import Insights  # kopf==1.45.2: not exported
 
 from kube_ddp import names
 from kube_ddp.config import OperatorConfig
@@ -46,6 +47,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # not need, since we watch fixed resources in fixed namespaces.
     settings.scanning.disabled = True
     memo.controller = Controller(config=config, kube=Kube())
+    insights: Insights | None = getattr(memo, "insights", None)  # set by serving.run
+    if insights is not None:
+        memo.controller.watches_mpijobs = lambda: any(
+            r.group == MPIJOB_GROUP and r.plural == names.MPIJOB_PLURAL
+            for r in insights.watched_resources
+        )
 
 
 @kopf.on.cleanup()

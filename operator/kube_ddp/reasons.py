@@ -28,6 +28,7 @@ class Reason(StrEnum):
     SUSPENDED = "Suspended"  # runPolicy.suspend
     INVALID_SPEC = "InvalidSpec"  # the models or the API server refuse what the spec builds
     MPIJOB_CREATED = "MPIJobCreated"  # launcher mpi: the MPI Operator runs the pods
+    MPI_OPERATOR_SILENT = "MPIOperatorNotResponding"  # launcher mpi: its MPIJob has no status
     LAUNCHER_RUNNING = "LauncherRunning"  # launcher mpi: mpirun and every worker run
     LAUNCHER_SUCCEEDED = "LauncherSucceeded"  # launcher mpi: mpirun exited 0
     LAUNCHER_FAILED = "LauncherFailed"  # launcher mpi: mpirun failed (a restart, or Failed)

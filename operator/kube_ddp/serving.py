@@ -122,6 +122,7 @@ async def run(config: OperatorConfig, lease: LeaseSettings | None, memo: kopf.Me
                 return 0
         probes.acting = True
         LEADER.set(1)
+        memo.insights = probes.insights  # what kopf watches: handlers.configure reads it
         operator = asyncio.create_task(
             kopf.operator(
                 standalone=True,  # no kopf peering: the Lease decides who acts

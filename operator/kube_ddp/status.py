@@ -44,6 +44,8 @@ LOST_REASONS = frozenset(
         "TerminationByKubelet",
     }
 )
+# Seconds an MPIJob may go without any status before the job says the MPI Operator is silent.
+MPI_OPERATOR_PATIENCE = 60.0
 RETRYABLE_EXIT_CODE = 128  # >= 128: killed by a signal (OOM killer, SIGTERM, SIGKILL, abort)
 # The kubelet's reason for a container whose cgroup ran out of memory, whatever its exit code:
 # under torchrun the OOM killer takes a rank, and torchrun itself then exits 1.
@@ -431,6 +433,8 @@ def _decide_mpi(
         return
     if status.phase == "Suspended":
         _resume(draft, job)
+    if not mpijob.conditions:
+        _mpi_operator_silent(draft, job)
     if mpijob.succeeded:
         launcher = next((p.name for p in launchers if p.phase == "Succeeded"), mpijob.name)
         message = f"{launcher} completed (mpirun exited 0)"
@@ -452,6 +456,26 @@ def _create_mpijob(draft: _Draft, job: DDPTrainingJob, attempt: int) -> None:
     if draft.status.start_time is None:
         draft.update(start_time=draft.now)
     draft.phase("Pending", Reason.MPIJOB_CREATED, message)
+
+
+def _mpi_operator_silent(draft: _Draft, job: DDPTrainingJob) -> None:
+    """An MPIJob the MPI Operator has not acted on (no condition at all) for a while: say so
+    once, rather than stay Pending without a word (is the MPI Operator running?)."""
+    created = draft.status.start_time
+    if created is None:
+        return
+    waited = (draft.now - created).total_seconds()
+    if waited < MPI_OPERATOR_PATIENCE:
+        draft.requeue(MPI_OPERATOR_PATIENCE - waited)
+        return
+    message = (
+        f"The MPI Operator has not acted on the MPIJob {job.name} for "
+        f"{MPI_OPERATOR_PATIENCE:.0f}s: is it installed and running?"
+    )
+    said = [c for c in draft.status.conditions if c.reason == Reason.MPI_OPERATOR_SILENT]
+    if not said:
+        draft.events.append(Event("Warning", Reason.MPI_OPERATOR_SILENT, message))
+    draft.condition("Created", "True", Reason.MPI_OPERATOR_SILENT, message)
 
 
 def _resume(draft: _Draft, job: DDPTrainingJob) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kube_ddp import names
 from tests.cluster.operator_support import (
     Jobs,
     OperatorProcess,
@@ -15,7 +16,7 @@ from tests.cluster.operator_support import (
     job_manifest,
     running_operator,
 )
-from tests.cluster.support import Cluster, wait_for
+from tests.cluster.support import Cluster, load_dev_cluster, wait_for
 
 GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
 
@@ -205,11 +206,30 @@ def test_spec_the_api_server_refuses_in_a_pod_fails_the_job(
 
 
 def test_mpi_launcher_without_the_mpi_operator_says_so(
-    jobs: Jobs, operator: OperatorProcess
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
 ) -> None:
+    """Without the MPIJob kind the job is Failed saying what to install. A kind that appears
+    after kube-ddp started is not watched (kopf looks kinds up once): that job says so too, and
+    no MPIJob is created that nobody would follow."""
     gaudi = {"type": "gaudi", "perNode": 8}
-    jobs.create(job_manifest("hccl", nodes=2, launcher="mpi", accelerator=gaudi))
-    status = jobs.wait_phase("hccl", "Failed")
-    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
-    assert failed["reason"] == "InvalidSpec"
-    assert "needs the MPI Operator" in failed["message"]
+    mpioperator = load_dev_cluster().mpioperator
+    assert not mpioperator.crd_installed(cluster.kubeconfig)
+
+    def fails_saying_what_to_do(name: str) -> None:
+        jobs.create(job_manifest(name, nodes=2, launcher="mpi", accelerator=gaudi))
+        status = jobs.wait_phase(name, "Failed")
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "InvalidSpec"
+        assert "needs the MPI Operator" in failed["message"]
+        assert "restart kube-ddp" in failed["message"]
+
+    fails_saying_what_to_do("hccl")
+    mpioperator.install_crd(cluster.kubeconfig)
+    try:
+        fails_saying_what_to_do("later")
+        mpijobs = jobs.cluster.custom_objects.list_namespaced_custom_object(
+            "kubeflow.org", "v2beta1", jobs.namespace, names.MPIJOB_PLURAL
+        )
+        assert not mpijobs["items"]
+    finally:
+        mpioperator.remove_crd(cluster.kubeconfig)

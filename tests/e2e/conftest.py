@@ -78,10 +78,14 @@ def operator(
 ) -> Iterator[dict[str, Any]]:
     """The chart installed and its Deployment Available; yields the helm client and the
     Deployment."""
-    if isinstance(platform, DevPlatform):
-        # kube-ddp resolves the kinds it watches when it starts: the MPIJob kind must be served
+    mpioperator = load_dev_cluster().mpioperator
+    install_mpijobs = isinstance(platform, DevPlatform) and not mpioperator.crd_installed(
+        platform.cluster.kubeconfig
+    )
+    if install_mpijobs:
+        # kube-ddp looks up the kinds it watches when it starts: the MPIJob kind must be served
         # before it, for the MPI tests (the MPI Operator itself runs beside the cluster).
-        load_dev_cluster().mpioperator.install_crd(platform.cluster.kubeconfig)
+        mpioperator.install_crd(platform.cluster.kubeconfig)
     home = tmp_path_factory.mktemp("helm-home")
     helm = Helm(platform.helm, platform.cluster.kubeconfig, home)
     args = platform.helm_args
@@ -106,6 +110,8 @@ def operator(
     deployment = wait_for(available, "the operator Deployment to be Available", timeout=120)
     yield {"helm": helm, "deployment": deployment}
     helm.run("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait", check=False)
+    if install_mpijobs:
+        mpioperator.remove_crd(platform.cluster.kubeconfig)
 
 
 @pytest.fixture

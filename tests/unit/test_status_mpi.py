@@ -156,6 +156,21 @@ def test_phase_follows_the_mpijob_and_its_workers(case: ProgressCase) -> None:
         assert decision.status.workers.running == 2
 
 
+def test_an_mpijob_without_status_for_a_minute_says_the_mpi_operator_is_silent() -> None:
+    """Installed CRD, no MPI Operator running: the MPIJob never gets a condition."""
+    pending = mpi_job(started("Pending"))
+    soon = decide(pending, [], NOW - timedelta(minutes=4, seconds=30), mpijob=mpijob(0))
+    assert soon.events == () and soon.requeue_after == 30
+    decision = decide(pending, [], NOW, mpijob=mpijob(0))
+    assert condition(decision, "Created") == ("True", Reason.MPI_OPERATOR_SILENT)
+    assert [e.reason for e in decision.events] == [Reason.MPI_OPERATOR_SILENT]
+    assert "is it installed and running" in decision.events[0].message
+    again = decide(
+        mpi_job(decision.status.model_dump(by_alias=True, mode="json")), [], NOW, mpijob=mpijob(0)
+    )
+    assert again.events == ()  # said once
+
+
 def test_the_launcher_is_not_counted_as_a_worker() -> None:
     decision = decide(mpi_job(started()), RUNNING_PODS, NOW, mpijob=mpijob(0, "Running"))
     assert decision.status.workers is not None
