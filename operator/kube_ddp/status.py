@@ -131,6 +131,7 @@ class MPIJobView:
     suspended: bool = False  # spec.runPolicy.suspend
     conditions: Mapping[str, tuple[str, str, str]] = field(default_factory=dict)
     completed: bool = False  # completionTime is set: Succeeded or Failed for good
+    created_at: datetime | None = None
 
     def true(self, type_: str) -> bool:
         return self.conditions.get(type_, ("False", "", ""))[0] == "True"
@@ -158,7 +159,12 @@ class MPIJobView:
                 for c in status.get("conditions") or []
             },
             completed=status.get("completionTime") is not None,
+            created_at=_timestamp(metadata.get("creationTimestamp")),
         )
+
+
+def _timestamp(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
 
 
 def _int(value: str | None) -> int:
@@ -434,7 +440,7 @@ def _decide_mpi(
     if status.phase == "Suspended":
         _resume(draft, job)
     if not mpijob.conditions:
-        _mpi_operator_silent(draft, job)
+        _mpi_operator_silent(draft, job, mpijob)
     if mpijob.succeeded:
         launcher = next((p.name for p in launchers if p.phase == "Succeeded"), mpijob.name)
         message = f"{launcher} completed (mpirun exited 0)"
@@ -458,13 +464,12 @@ def _create_mpijob(draft: _Draft, job: DDPTrainingJob, attempt: int) -> None:
     draft.phase("Pending", Reason.MPIJOB_CREATED, message)
 
 
-def _mpi_operator_silent(draft: _Draft, job: DDPTrainingJob) -> None:
+def _mpi_operator_silent(draft: _Draft, job: DDPTrainingJob, mpijob: MPIJobView) -> None:
     """An MPIJob the MPI Operator has not acted on (no condition at all) for a while: say so
     once, rather than stay Pending without a word (is the MPI Operator running?)."""
-    created = draft.status.start_time
-    if created is None:
+    if mpijob.created_at is None:
         return
-    waited = (draft.now - created).total_seconds()
+    waited = (draft.now - mpijob.created_at).total_seconds()
     if waited < MPI_OPERATOR_PATIENCE:
         draft.requeue(MPI_OPERATOR_PATIENCE - waited)
         return
@@ -511,7 +516,7 @@ def _mpi_failures(
                 mpijob.name, -1, None, reason or PodReason.ERROR, message, "~", launcher=True
             )
         )
-    return _first_first(failures)
+    return _earliest_first(failures)
 
 
 def _mpi_progress(
@@ -650,7 +655,7 @@ def _failures(job: DDPTrainingJob, current: Mapping[int, PodView]) -> list[_Work
             )
         elif failure := _pod_failure(pod):
             failures.append(failure)
-    return _first_first(failures)
+    return _earliest_first(failures)
 
 
 def _pod_failure(pod: PodView) -> _WorkerFailure | None:
@@ -671,7 +676,7 @@ def _pod_failure(pod: PodView) -> _WorkerFailure | None:
     )
 
 
-def _first_first(failures: list[_WorkerFailure]) -> list[_WorkerFailure]:
+def _earliest_first(failures: list[_WorkerFailure]) -> list[_WorkerFailure]:
     # Finish times have a resolution of one second. Within the same second, a rank that was
     # killed or lost comes first: its peers' errors (their collectives broke) follow from it;
     # and a worker before mpirun, which only reports what happened to a rank.

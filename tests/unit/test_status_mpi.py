@@ -4,7 +4,7 @@ status, actions, events. The MPIJob status shapes are the MPI Operator v0.8.2's,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -159,16 +159,20 @@ def test_phase_follows_the_mpijob_and_its_workers(case: ProgressCase) -> None:
 def test_an_mpijob_without_status_for_a_minute_says_the_mpi_operator_is_silent() -> None:
     """Installed CRD, no MPI Operator running: the MPIJob never gets a condition."""
     pending = mpi_job(started("Pending"))
-    soon = decide(pending, [], NOW - timedelta(minutes=4, seconds=30), mpijob=mpijob(0))
+    silent = mpijob(0, created_at=NOW - timedelta(seconds=61))
+    soon = decide(pending, [], NOW - timedelta(seconds=31), mpijob=silent)
     assert soon.events == () and soon.requeue_after == 30
-    decision = decide(pending, [], NOW, mpijob=mpijob(0))
+    decision = decide(pending, [], NOW, mpijob=silent)
     assert condition(decision, "Created") == ("True", Reason.MPI_OPERATOR_SILENT)
     assert [e.reason for e in decision.events] == [Reason.MPI_OPERATOR_SILENT]
     assert "is it installed and running" in decision.events[0].message
     again = decide(
-        mpi_job(decision.status.model_dump(by_alias=True, mode="json")), [], NOW, mpijob=mpijob(0)
+        mpi_job(decision.status.model_dump(by_alias=True, mode="json")), [], NOW, mpijob=silent
     )
     assert again.events == ()  # said once
+    # a restart's new MPIJob is measured from its own creation, not from the job's start
+    fresh = mpijob(1, created_at=NOW)
+    assert decide(mpi_job(started("Pending", restarts=1)), [], NOW, mpijob=fresh).events == ()
 
 
 def test_the_launcher_is_not_counted_as_a_worker() -> None:
@@ -454,6 +458,7 @@ def test_mpijob_view_reads_the_mpi_operators_status() -> None:
         "metadata": {
             "name": "bar",
             "labels": {names.LABEL_JOB_NAME: "bar", names.LABEL_ATTEMPT: "2"},
+            "creationTimestamp": "2026-11-23T14:55:27Z",
         },
         "spec": {"runPolicy": {"suspend": False, "backoffLimit": 0}},
         "status": {
@@ -474,6 +479,7 @@ def test_mpijob_view_reads_the_mpi_operators_status() -> None:
     view = MPIJobView.from_mpijob(body)
     assert (view.name, view.attempt, view.suspended, view.deleting) == ("bar", 2, False, False)
     assert view.failed and not view.succeeded and not view.true("Running")
+    assert view.created_at == datetime(2026, 11, 23, 14, 55, 27, tzinfo=UTC)
     # Failed without completionTime (an evicted worker) is not the end
     del body["status"]["completionTime"]
     assert not MPIJobView.from_mpijob(body).failed
