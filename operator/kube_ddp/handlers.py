@@ -120,8 +120,9 @@ async def mpijob_event(
     memo: Any,
     **kwargs: Any,
 ) -> None:
-    """launcher mpi: our MPIJobs. Not an index: where the MPI Operator is not installed the
-    resource is not served, and kopf would wait for that index forever."""
+    """launcher mpi: our MPIJobs, kept by the controller. Not a kopf index: kopf holds every
+    handler until all its indexes are filled, which would tie torchrun jobs to a kind that is
+    served only where the MPI Operator is installed."""
     controller = _controller(memo)
     _index(controller, kwargs)
     job = labels.get(names.LABEL_JOB_NAME)
