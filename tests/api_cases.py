@@ -132,6 +132,39 @@ REJECTIONS = [
         rule=True,
     ),
     Rejection(
+        "gang larger than the job",
+        {"nodes": 2, "scheduling": {"gang": {"minMember": 3}}},
+        "spec: scheduling.gang.minMember must not exceed nodes",
+        rule=True,
+    ),
+    Rejection(
+        "gang with mpi",
+        {"nodes": 2, "launcher": "mpi", "scheduling": {"gang": {}}},
+        "spec: scheduling.gang is not supported with launcher mpi yet: use launcher torchrun, "
+        "or the MPI Operator's own gang settings",
+        rule=True,
+    ),
+    Rejection(
+        "gang timeout for another scheduler",
+        {"nodes": 2, "scheduling": {"gang": {"scheduleTimeoutSeconds": 60}}},
+        "spec.scheduling.gang: scheduleTimeoutSeconds is read only by scheduler coscheduling",
+        rule=True,
+    ),
+    Rejection(
+        "volcano queue for another scheduler",
+        {"nodes": 2, "scheduling": {"gang": {"scheduler": "coscheduling", "queue": "q"}}},
+        "spec.scheduling.gang: queue is read only by scheduler volcano (a Kueue queue is the "
+        "label kueue.x-k8s.io/queue-name)",
+        rule=True,
+    ),
+    Rejection(
+        "unknown gang scheduler",
+        {"nodes": 2, "scheduling": {"gang": {"scheduler": "yunikorn"}}},
+        "spec.scheduling.gang.scheduler: Input should be 'kubernetes', 'coscheduling' or "
+        "'volcano' (got 'yunikorn')",
+        'Unsupported value: "yunikorn"',
+    ),
+    Rejection(
         "mpi settings with torchrun",
         {"nodes": 2, "mpi": {"socketsPerNode": 2}},
         "spec: mpi settings are only read with launcher mpi: set launcher: mpi or remove mpi",

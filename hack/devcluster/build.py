@@ -32,6 +32,7 @@ ACTIONLINT_VERSION = "v1.7.12"
 MPI_OPERATOR_VERSION = "v0.8.2"
 MPI_OPERATOR_MODULE = "github.com/kubeflow/mpi-operator"
 MPIJOB_CRD_FILE = "./manifests/base/kubeflow.org_mpijobs.yaml"  # in the module
+KUEUE_VERSION = "v0.19.2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,9 @@ class GoBuild:
     ldflags: tuple[str, ...] = ()
     staging_replaces: bool = False  # k8s.io/kubernetes needs its staging modules pinned
     module_files: tuple[str, ...] = ()  # copied from the module next to the binaries
+    # Start the wrapper's go.sum from the module's own: the checksum database lacks some of
+    # Kueue's dependencies (sigs.k8s.io/scheduler-library v0.1.0-alpha1: 404).
+    module_go_sum: bool = False
 
     @property
     def bin_dir(self) -> Path:
@@ -57,7 +61,10 @@ class GoBuild:
     @property
     def recipe(self) -> str:
         """Written next to the binaries: a changed recipe (flags, say) means a rebuild."""
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+        recipe = dataclasses.asdict(self)
+        if not self.module_go_sum:  # unset: the recipe of the builds that do not use it
+            del recipe["module_go_sum"]
+        return json.dumps(recipe, indent=2, sort_keys=True)
 
     def is_built(self) -> bool:
         wanted = [*self.packages, *(Path(f).name for f in self.module_files)]
@@ -159,9 +166,40 @@ BUILDS = (
     ),
 )
 
+KUEUE_CRDS = (
+    "admissionchecks",
+    "clusterqueues",
+    "cohorts",
+    "localqueues",
+    "multikueueclusters",
+    "multikueueconfigs",
+    "provisioningrequestconfigs",
+    "resourceflavors",
+    "topologies",
+    "workloadpriorityclasses",
+    "workloads",
+)
+
+# Built only when something asks for them (`built`), not by `build_all`: the cluster runs
+# without them, and Kueue's cold build takes minutes.
+ADDONS = (
+    GoBuild(
+        name="kueue",  # tests/cluster/kueue_support.py runs it out of cluster
+        module="sigs.k8s.io/kueue",
+        version=KUEUE_VERSION,
+        packages={"kueue": "sigs.k8s.io/kueue/cmd/kueue"},
+        module_go_sum=True,
+        # Its CRDs and webhook configurations, from the same module version.
+        module_files=(
+            *(f"config/components/crd/bases/kueue.x-k8s.io_{crd}.yaml" for crd in KUEUE_CRDS),
+            "config/components/webhook/manifests.yaml",
+        ),
+    ),
+)
+
 
 def binary(name: str) -> Path:
-    for build in BUILDS:
+    for build in (*BUILDS, *ADDONS):
         if name in build.packages:
             return build.bin_dir / name
     raise KeyError(name)
@@ -241,6 +279,10 @@ def build_one(build: GoBuild) -> None:
         replaces, godebugs = staging_replaces(build)
         go(["mod", "edit", *(f"-replace={r}" for r in replaces)], build.work_dir)
         go(["mod", "edit", *(f"-godebug={g}" for g in godebugs)], build.work_dir)
+    if build.module_go_sum:
+        module = f"{build.module}@{build.version}"
+        info = json.loads(go(["mod", "download", "-json", module], build.work_dir))
+        shutil.copy(Path(info["Dir"]) / "go.sum", build.work_dir / "go.sum")
     go(["get", *(f"{pkg}@{build.version}" for pkg in build.packages.values())], build.work_dir)
     out_dir = Path(tempfile.mkdtemp(prefix=f".{build.name}-", dir=build.bin_dir.parent))
     out_dir.chmod(0o755)  # mkdtemp makes it private
@@ -272,7 +314,7 @@ def cache_lock() -> Iterator[None]:
 
 def built(name: str) -> Path:
     """The binary `name`, building only its own component when the cache lacks it."""
-    build = next(b for b in BUILDS if name in b.packages)
+    build = next(b for b in (*BUILDS, *ADDONS) if name in b.packages)
     if not build.is_built():
         if shutil.which("go") is None:
             raise BuildError(f"the Go toolchain (`go`) is not on PATH; it builds {name}")

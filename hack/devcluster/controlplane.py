@@ -46,6 +46,11 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+# Kubernetes' own gang scheduling (alpha in 1.36): the scheduling.k8s.io/v1alpha2 Workload and
+# PodGroup API, pods' spec.schedulingGroup, and kube-scheduler's GangScheduling plugin.
+GANG_FEATURE_GATES = "--feature-gates=GenericWorkload=true,GangScheduling=true"
+
+
 def component_commands(ports: dict[str, int]) -> dict[str, list[str]]:
     """The command line of each component, in start order."""
     etcd_url = f"http://127.0.0.1:{ports['etcd']}"
@@ -102,6 +107,8 @@ def component_commands(ports: dict[str, int]) -> dict[str, list[str]]:
             "--allow-privileged=true",
             "--enable-priority-and-fairness=false",  # lighter; no tenants to protect here
             "--profiling=false",
+            GANG_FEATURE_GATES,
+            "--runtime-config=scheduling.k8s.io/v1alpha2=true",
         ],
         "kube-controller-manager": [
             str(binary("kube-controller-manager")),
@@ -113,11 +120,13 @@ def component_commands(ports: dict[str, int]) -> dict[str, list[str]]:
             "--kube-api-qps=200",
             "--kube-api-burst=400",
             "--profiling=false",
+            GANG_FEATURE_GATES,  # its podgroup-protection controller
         ],
         "kube-scheduler": [
             str(binary("kube-scheduler")),
             *delegated_auth("kube-scheduler"),
             "--profiling=false",
+            GANG_FEATURE_GATES,
         ],
         "kwok": [
             str(binary("kwok")),

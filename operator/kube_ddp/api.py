@@ -325,6 +325,55 @@ class PodTemplateOverrides(Model):
     )
 
 
+GangScheduler = Literal["kubernetes", "coscheduling", "volcano"]
+
+
+class GangPolicy(Model):
+    """All-or-nothing placement of the workers: a PodGroup the operator creates and owns."""
+
+    RULES = (
+        Rule(
+            cel="!has(self.scheduleTimeoutSeconds) || self.scheduler == 'coscheduling'",
+            message="scheduleTimeoutSeconds is read only by scheduler coscheduling",
+            holds=lambda g: g.schedule_timeout_seconds is None or g.scheduler == "coscheduling",
+        ),
+        Rule(
+            cel="!has(self.queue) || self.scheduler == 'volcano'",
+            message="queue is read only by scheduler volcano (a Kueue queue is the label "
+            "kueue.x-k8s.io/queue-name)",
+            holds=lambda g: g.queue is None or g.scheduler == "volcano",
+        ),
+    )
+
+    scheduler: GangScheduler = Field(
+        "kubernetes",
+        description="Whose PodGroup: kubernetes (scheduling.k8s.io/v1alpha2, kube-scheduler's "
+        "GangScheduling plugin; alpha, behind the GenericWorkload and GangScheduling feature "
+        "gates), coscheduling (scheduler-plugins, scheduling.x-k8s.io/v1alpha1) or volcano "
+        "(scheduling.volcano.sh/v1beta1).",
+    )
+    min_member: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_NODES,
+        description="Workers that must be placed together before any starts; defaults to "
+        "nodes (elastic: minNodes).",
+    )
+    schedule_timeout_seconds: int | None = Field(
+        None, ge=1, description="coscheduling: how long a partly placed gang may wait."
+    )
+    queue: str | None = Field(None, min_length=1, description="volcano: the Volcano queue.")
+
+
+class SchedulingPolicy(Model):
+    """How the workers are scheduled together (Kubeflow's runPolicy.schedulingPolicy, moved
+    next to the pod template it applies to)."""
+
+    gang: GangPolicy | None = Field(
+        None, description="All-or-nothing placement; unset: workers are placed one by one."
+    )
+
+
 def _nproc_fits(spec: DDPTrainingJobSpec) -> bool:
     per_node = spec.accelerator.per_node
     return (
@@ -365,6 +414,20 @@ class DDPTrainingJobSpec(Model):
             cel="!has(self.mpi) || self.launcher == 'mpi'",
             message="mpi settings are only read with launcher mpi: set launcher: mpi or remove mpi",
             holds=lambda s: s.mpi is None or s.launcher == "mpi",
+        ),
+        Rule(
+            cel="!has(self.scheduling) || !has(self.scheduling.gang) || "
+            "!has(self.scheduling.gang.minMember) || self.scheduling.gang.minMember <= self.nodes",
+            message="scheduling.gang.minMember must not exceed nodes",
+            holds=lambda s: s.gang_min_member is None or s.gang_min_member <= s.nodes,
+        ),
+        Rule(
+            cel="!has(self.scheduling) || !has(self.scheduling.gang) || self.launcher != 'mpi'",
+            message="scheduling.gang is not supported with launcher mpi yet: use launcher "
+            "torchrun, or the MPI Operator's own gang settings",
+            holds=lambda s: (
+                s.scheduling is None or s.scheduling.gang is None or s.launcher != "mpi"
+            ),
         ),
         Rule(
             cel="!has(self.args) || has(self.command)",
@@ -457,6 +520,9 @@ class DDPTrainingJobSpec(Model):
         None, description="Elastic training with torchrun (node count within a range)."
     )
     mpi: MPIOptions | None = Field(None, description="Process mapping of the mpi launcher.")
+    scheduling: SchedulingPolicy | None = Field(
+        None, description="Gang (all-or-nothing) scheduling of the workers."
+    )
     run_policy: RunPolicy = Field(
         default_factory=RunPolicy,
         description="Restarts, deadlines and clean-up.",
@@ -471,6 +537,12 @@ class DDPTrainingJobSpec(Model):
         if twice:
             raise ValueError(f"duplicate env names: {', '.join(twice)}")
         return env
+
+    @property
+    def gang_min_member(self) -> int | None:
+        """The gang's size as written (None without a gang or without minMember)."""
+        gang = self.scheduling.gang if self.scheduling is not None else None
+        return gang.min_member if gang is not None else None
 
     @property
     def procs_per_node(self) -> int:
@@ -510,6 +582,7 @@ IMMUTABLE_SPEC_FIELDS = (
     "resources",
     "elastic",
     "mpi",
+    "scheduling",
 )
 
 

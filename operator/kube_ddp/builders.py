@@ -15,7 +15,7 @@ from typing import Any
 
 from ddp_trainer import contract
 from ddp_trainer.options import to_argv
-from kube_ddp import names
+from kube_ddp import gang, names
 from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, MPIOptions
 
 Obj = dict[str, Any]
@@ -525,13 +525,14 @@ def build_children(
 ) -> list[Obj]:
     """Everything the operator creates for `job` at `attempt` (only the worker pods in
     `indices`, when given), in creation order: pods last, since they name the
-    ServiceAccount."""
+    ServiceAccount (and their PodGroup, which must exist before its pods are scheduled)."""
     settings = settings or BuildSettings()
     rbac = build_reporter_rbac(job)
     if job.spec.launcher == "mpi":
         return [*rbac, build_mpijob(job, attempt, settings)]
-    pods = build_worker_pods(job, attempt, settings, indices)
-    return [build_service(job), *rbac, *pods]
+    pods = [gang.join(job, p) for p in build_worker_pods(job, attempt, settings, indices)]
+    pod_group = gang.build_pod_group(job, job_labels(job))
+    return [build_service(job), *rbac, *([pod_group] if pod_group else []), *pods]
 
 
 def build_event(

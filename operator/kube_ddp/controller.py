@@ -22,11 +22,24 @@ from typing import Any, cast
 import kopf
 from pydantic import ValidationError
 
-from kube_ddp import metrics, names
+from kube_ddp import gang, kueue, metrics, names
 from kube_ddp.api import DDPTrainingJob, JobStatus, describe_errors, load_job
-from kube_ddp.builders import BuildSettings, build_children, build_event
+from kube_ddp.builders import (
+    BuildSettings,
+    build_children,
+    build_event,
+    build_worker_pod,
+    job_labels,
+)
 from kube_ddp.config import OperatorConfig
-from kube_ddp.kube import Kube, NotFoundError, RefusedError
+from kube_ddp.kube import (
+    Kube,
+    NotFoundError,
+    RefusedError,
+    job_path,
+    kueue_cluster_path,
+    workload_path,
+)
 from kube_ddp.status import (
     Action,
     CreateWorkers,
@@ -190,7 +203,8 @@ class Controller:
         index = self.mpi_pods if job.spec.launcher == "mpi" else self.pods
         pods = list(index.get(key, [])) if index is not None else []
         expected = self.expectations.pending(key, asyncio.get_running_loop().time())
-        decision = decide(job, pods, now, expected, self.mpijobs.get(key))
+        body, job, suspended_by = await self._queue(key, body, job, pods)
+        decision = decide(job, pods, now, expected, self.mpijobs.get(key), suspended_by)
         try:
             for action in decision.actions:
                 await self._act(key, body, job, action)
@@ -203,6 +217,41 @@ class Controller:
             await self._apply(key, body, status, reject(status, [refusal], now))
             return
         await self._apply(key, body, status, decision)
+
+    async def _queue(
+        self, key: Key, body: dict[str, Any], job: DDPTrainingJob, pods: list[PodView]
+    ) -> tuple[dict[str, Any], DDPTrainingJob, tuple[str, str] | None]:
+        """Kueue's contract for a job labelled with a queue (`kueue.plan` decides); the job as
+        it is afterwards, and why a queue holds it suspended."""
+        if kueue.queue_name(job) is None:
+            return body, job, None
+        workload = await self.kube.get(workload_path(job.namespace, kueue.workload_name(job)))
+        flavors = {}
+        if kueue.is_admitted(workload) and job.spec.run_policy.suspend:
+            for flavor in kueue.assigned_flavors(workload):
+                path = kueue_cluster_path(kueue.RESOURCE_FLAVORS, flavor)
+                flavors[flavor] = await self.kube.get(path) or {}
+        step = kueue.plan(job, workload, flavors, any(p.active for p in pods), utcnow())
+        if step.job_patch is not None:
+            updated = await self.kube.patch(job_path(*key), step.job_patch)
+            if updated is not None:
+                self.jobs.offer(key, updated)
+                body, job = updated, load_job(updated)
+        if step.create_workload:
+            priority = None
+            if (class_name := kueue.priority_class(job)) is not None:
+                path = kueue_cluster_path(kueue.PRIORITY_CLASSES, class_name)
+                priority = (await self.kube.get(path) or {}).get("value")
+            worker = gang.join(job, build_worker_pod(job, 0, 0, self.build_settings))
+            created = kueue.build_workload(job, worker, job_labels(job), priority)
+            kopf.adopt(created, owner=kopf.Body(cast(kopf.RawBody, body)))
+            await self.kube.create(created)
+        if step.workload_status is not None and workload is not None:
+            name = workload["metadata"]["name"]
+            await self.kube.patch(
+                workload_path(job.namespace, name) + "/status", step.workload_status
+            )
+        return body, job, step.suspended
 
     async def reconcile_or_retry(self, key: Key) -> None:
         """Reconcile; on an error, log it, count it and try again with a growing delay."""
@@ -232,7 +281,12 @@ class Controller:
             if job.spec.launcher == "mpi":  # the MPIJob is expected until the watch shows it
                 self.expectations.expect(key, [job.name], asyncio.get_running_loop().time())
             for child in others:
-                await self.kube.create(child)
+                try:
+                    await self.kube.create(child)
+                except NotFoundError as error:
+                    if child["kind"] != "PodGroup":
+                        raise
+                    raise RefusedError(error.status, gang.not_served(job)) from error
             await self._create_pods(key, pods)
         elif isinstance(action, DeletePods):
             await asyncio.gather(*(self.kube.delete_pod(namespace, pod) for pod in action.names))

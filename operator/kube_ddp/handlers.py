@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 from kopf._cogs.structs.references import Insights  # kopf==1.45.2: not exported
 
-from kube_ddp import names
+from kube_ddp import kueue, names
 from kube_ddp.config import OperatorConfig
 from kube_ddp.controller import Controller, Key
 from kube_ddp.kube import Kube, load_credentials
@@ -28,6 +28,7 @@ OUR_PODS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 MPI_PODS = {names.LABEL_JOB_NAME: kopf.PRESENT, names.MPI_LABEL_ROLE: kopf.PRESENT}
 OUR_MPIJOBS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 MPIJOB_GROUP, MPIJOB_VERSION = names.MPIJOB_API_VERSION.split("/")
+OUR_WORKLOADS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}  # Kueue's, for our jobs
 
 
 def _controller(memo: Any) -> Controller:
@@ -129,3 +130,16 @@ async def mpijob_event(
     if job and namespace:
         view = None if type == "DELETED" else MPIJobView.from_mpijob(event["object"])
         controller.mpijob_changed((namespace, job), view, POD_EVENT_WINDOW)
+
+
+@kopf.on.event(kueue.GROUP, kueue.VERSION, kueue.WORKLOADS, labels=OUR_WORKLOADS)
+async def workload_event(
+    namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
+) -> None:
+    """Kueue admitted, evicted or requeued one of our Workloads: reconcile its job. Served only
+    where Kueue's CRDs existed when the operator started (kopf scans resources once)."""
+    controller = _controller(memo)
+    _index(controller, kwargs)
+    job = labels.get(names.LABEL_JOB_NAME)
+    if job and namespace:
+        controller.queue.add((namespace, job))

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from kube_ddp import names
+from kube_ddp import gang, kueue, names
 
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
@@ -32,6 +32,8 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     (names.MPIJOB_API_VERSION, names.MPIJOB_KIND): names.MPIJOB_PLURAL,
     (names.API_VERSION, names.KIND): names.PLURAL,
+    **{(kind.api_version, kind.kind): kind.plural for kind in gang.KINDS.values()},
+    (kueue.API_VERSION, kueue.WORKLOAD_KIND): kueue.WORKLOADS,
 }
 
 
@@ -109,6 +111,15 @@ def job_path(namespace: str, name: str) -> str:
     return f"{collection_path(names.API_VERSION, names.KIND, namespace)}/{name}"
 
 
+def workload_path(namespace: str, name: str) -> str:
+    return f"{collection_path(kueue.API_VERSION, kueue.WORKLOAD_KIND, namespace)}/{name}"
+
+
+def kueue_cluster_path(plural: str, name: str) -> str:
+    """A cluster-scoped Kueue object: a ResourceFlavor, a WorkloadPriorityClass."""
+    return f"/apis/{kueue.API_VERSION}/{plural}/{name}"
+
+
 class Kube:
     """Idempotent verbs over one HTTP session."""
 
@@ -161,6 +172,20 @@ class Kube:
         except ConflictError:
             return False
         return True
+
+    async def get(self, path: str) -> Obj | None:
+        """The object at `path`, or None if there is none."""
+        try:
+            return await self.request("GET", path)
+        except NotFoundError:
+            return None
+
+    async def patch(self, path: str, patch: Obj) -> Obj | None:
+        """Merge-patch the object at `path`; the updated object, or None if it is gone."""
+        try:
+            return await self.request("PATCH", path, patch, MERGE_PATCH)
+        except NotFoundError:
+            return None
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         with contextlib.suppress(NotFoundError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kube_ddp import names
+from kube_ddp import gang, kueue, names
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
 MPI_GROUP = "kubeflow.org"
@@ -112,6 +112,40 @@ JOB_RULES: tuple[Rule, ...] = (
         ("create",),
         "Events on jobs: Controller._apply -> Kube.create(builders.build_event); kopf's posting",
     ),
+    *(
+        Rule(
+            kind.api_version.rpartition("/")[0],
+            (kind.plural,),
+            ("create",),
+            f"spec.scheduling.gang.scheduler {scheduler}: Controller._act(CreateWorkers) -> "
+            "Kube.create(gang.build_pod_group)",
+        )
+        for scheduler, kind in gang.KINDS.items()
+    ),
+    Rule(
+        names.GROUP,
+        (names.PLURAL,),
+        ("patch",),
+        "Kueue: suspend a queued or evicted job, apply an admission and resume it: "
+        "Controller._queue -> Kube.patch_job",
+        only_if="rbac.kueue",
+    ),
+    Rule(
+        kueue.GROUP,
+        (kueue.WORKLOADS,),
+        ("get", "list", "watch", "create"),
+        "Kueue: the job's Workload (kueue.build_workload), read on every reconcile of a queued "
+        "job; handlers.workload_event watches ours",
+        only_if="rbac.kueue",
+    ),
+    Rule(
+        kueue.GROUP,
+        (f"{kueue.WORKLOADS}/status",),
+        ("patch",),
+        "Kueue: release an evicted Workload's quota, mark it Finished: Controller._queue -> "
+        "Kube.patch_workload_status",
+        only_if="rbac.kueue",
+    ),
     Rule(
         MPI_GROUP,
         ("mpijobs",),
@@ -126,6 +160,20 @@ JOB_RULES: tuple[Rule, ...] = (
         ("list", "watch"),
         "launcher mpi: the status mirror, handlers.mpijob_event",
         only_if="rbac.mpiJobs",
+    ),
+)
+
+
+# Rights on cluster-scoped objects, which a namespace's Role cannot grant: a ClusterRole of
+# their own in namespaced mode, part of the ClusterRole otherwise.
+CLUSTER_RULES: tuple[Rule, ...] = (
+    Rule(
+        kueue.GROUP,
+        (kueue.RESOURCE_FLAVORS, kueue.PRIORITY_CLASSES),
+        ("get",),
+        "Kueue: the admitted ResourceFlavors' node labels and tolerations, a "
+        "WorkloadPriorityClass's value for a new Workload: Controller._queue",
+        only_if="rbac.kueue",
     ),
 )
 
@@ -149,10 +197,11 @@ def lease_rules(lease_name: str) -> tuple[Rule, ...]:
     )
 
 
-def job_policy_rules(mpi_jobs: bool = True) -> list[dict[str, list[str]]]:
-    """The job rules as PolicyRules, with the optional ones chosen."""
-    return [
-        rule.policy_rule()
-        for rule in JOB_RULES
-        if rule.only_if is None or (rule.only_if == "rbac.mpiJobs" and mpi_jobs)
-    ]
+def job_policy_rules(mpi_jobs: bool = True, kueue_jobs: bool = True) -> list[dict[str, list[str]]]:
+    """The job rules (and the cluster ones) as PolicyRules, with the optional ones chosen."""
+    chosen = {
+        None,
+        *(["rbac.mpiJobs"] if mpi_jobs else []),
+        *(["rbac.kueue"] if kueue_jobs else []),
+    }
+    return [rule.policy_rule() for rule in (*JOB_RULES, *CLUSTER_RULES) if rule.only_if in chosen]

@@ -26,6 +26,9 @@ class Reason(StrEnum):
     DEADLINE_EXCEEDED = "DeadlineExceeded"  # activeDeadlineSeconds
     WORKER_SUCCEEDED = "WorkerSucceeded"  # worker 0 exited 0
     SUSPENDED = "Suspended"  # runPolicy.suspend
+    QUEUED = "Queued"  # Suspended: waiting in a Kueue LocalQueue for its Workload's admission
+    PREEMPTED = "Preempted"  # Suspended: Kueue preempted its Workload for a higher priority one
+    EVICTED = "Evicted"  # Suspended: Kueue evicted its Workload (deactivated, stopped queue, ...)
     INVALID_SPEC = "InvalidSpec"  # the models or the API server refuse what the spec builds
     MPIJOB_CREATED = "MPIJobCreated"  # launcher mpi: the MPI Operator runs the pods
     MPI_OPERATOR_SILENT = "MPIOperatorNotResponding"  # launcher mpi: its MPIJob has no status

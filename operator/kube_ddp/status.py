@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from kube_ddp import names
+from kube_ddp import gang, names
 from kube_ddp.api import (
     Condition,
     ConditionType,
@@ -322,12 +322,14 @@ def decide(
     now: datetime,
     expected: Iterable[str] = (),
     mpijob: MPIJobView | None = None,
+    suspended_by: tuple[str, str] | None = None,
 ) -> Decision:
     """The next status and actions for `job`.
 
     `pods` are the job's pods as observed (for `launcher: mpi`, the MPI Operator's launcher
     and workers, and `mpijob` its MPIJob); `expected` names objects the operator created that
-    the watch has not shown yet (they count as Pending, never as vanished).
+    the watch has not shown yet (they count as Pending, never as vanished); `suspended_by` is
+    (reason, message) when a queue, not the user, holds the job suspended (`kueue.plan`).
     """
     status = job.status or JobStatus()
     draft = _Draft(status=status, now=now)
@@ -352,7 +354,7 @@ def decide(
     if status.phase in FINISHED:
         _after_finish(draft, job, ours)
     elif job.spec.run_policy.suspend:
-        _suspend(draft, observed)
+        _suspend(draft, observed, suspended_by)
     elif _deadline_passed(draft, job):
         deadline = job.spec.run_policy.active_deadline_seconds
         message = f"The job ran longer than activeDeadlineSeconds ({deadline}s)"
@@ -583,12 +585,16 @@ def _create(draft: _Draft, job: DDPTrainingJob, attempt: int, indices: list[int]
     draft.phase("Pending", Reason.RESUMED if resumed else Reason.WORKERS_CREATED, message)
 
 
-def _schedulable(draft: _Draft, workers: list[PodView], nodes: int) -> None:
-    """Schedulable=False naming the first worker the scheduler cannot place; True once all
-    `nodes` are placed."""
+def _schedulable(
+    draft: _Draft, workers: list[PodView], nodes: int, group: str | None = None
+) -> None:
+    """Schedulable=False naming the first worker the scheduler cannot place (and its gang,
+    `group`); True once all `nodes` are placed."""
     stuck = [p for p in workers if p.unschedulable]
     if stuck:
         message = f"{stuck[0].name}: {stuck[0].unschedulable}"
+        if group is not None:
+            message = f"{group}: {message}"
         if condition_status(draft.status, "Schedulable") != "False":
             draft.events.append(Event("Warning", Reason.UNSCHEDULABLE, message))
         draft.condition("Schedulable", "False", Reason.UNSCHEDULABLE, message)
@@ -599,7 +605,7 @@ def _schedulable(draft: _Draft, workers: list[PodView], nodes: int) -> None:
 def _progress(draft: _Draft, job: DDPTrainingJob, current: Mapping[int, PodView]) -> None:
     """Pending until every worker is placed, Starting until every worker runs, then Running."""
     workers = sorted(current.values(), key=lambda p: p.index)
-    _schedulable(draft, workers, job.spec.nodes)
+    _schedulable(draft, workers, job.spec.nodes, gang.describe(job))
     running = sum(p.phase in ("Running", "Succeeded") for p in workers)
     if running == job.spec.nodes:
         message = f"All {job.spec.nodes} workers are running"
@@ -792,14 +798,17 @@ def _after_finish(
             draft.requeue(left)
 
 
-def _suspend(draft: _Draft, pods: list[PodView]) -> None:
+def _suspend(draft: _Draft, pods: list[PodView], why: tuple[str, str] | None = None) -> None:
     """Suspended: no pods, the job kept; resuming recreates them without counting a restart."""
     _delete(draft, pods)
-    message = "The job is suspended (runPolicy.suspend): its pods are removed"
-    draft.condition("Suspended", "True", Reason.SUSPENDED, message)
+    reason, message = why or (
+        Reason.SUSPENDED,
+        "The job is suspended (runPolicy.suspend): its pods are removed",
+    )
+    draft.condition("Suspended", "True", reason, message)
     if condition_status(draft.status, "Running") == "True":
-        draft.condition("Running", "False", Reason.SUSPENDED, message)
-    draft.phase("Suspended", Reason.SUSPENDED, message)
+        draft.condition("Running", "False", reason, message)
+    draft.phase("Suspended", reason, message)
 
 
 def _deadline_passed(draft: _Draft, job: DDPTrainingJob) -> bool:

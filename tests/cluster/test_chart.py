@@ -122,7 +122,10 @@ def test_template_is_valid(helm: Helm, combination: str) -> None:
     assert deployment["spec"]["strategy"]["type"] == ("RollingUpdate" if election else "Recreate")
 
     if combination == "namespaced":
-        assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
+        # Only the cluster-scoped reads of Kueue's contract (rbac.kueue) are cluster-wide.
+        (cluster_role,) = by_kind(objects, "ClusterRole")
+        assert {g for r in cluster_role["rules"] for g in r["apiGroups"]} == {"kueue.x-k8s.io"}
+        assert {v for r in cluster_role["rules"] for v in r["verbs"]} == {"get"}
         roles = {
             (r["metadata"]["namespace"], r["metadata"]["name"]) for r in by_kind(objects, "Role")
         }

@@ -62,7 +62,7 @@ def test_cross_field_rules_are_cel_validations() -> None:
         rule["rule"] for _, node in walk(ROOT) for rule in node.get("x-kubernetes-validations", [])
     ]
     models = [api.DDPTrainingJobSpec, api.Accelerator, api.ElasticPolicy]
-    models += [api.EnvVar, api.Resources, api.PodTemplateOverrides]
+    models += [api.EnvVar, api.Resources, api.PodTemplateOverrides, api.GangPolicy]
     expected = [rule.cel for model in models for rule in model.RULES]
     expected += [rule["rule"] for rule in api.transition_rules()]
     assert sorted(rules) == sorted(expected)

@@ -51,6 +51,42 @@
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# spec.scheduling.gang.scheduler kubernetes: Controller._act(CreateWorkers) ->
+# Kube.create(gang.build_pod_group)
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["create"]
+# spec.scheduling.gang.scheduler coscheduling: Controller._act(CreateWorkers) ->
+# Kube.create(gang.build_pod_group)
+- apiGroups: ["scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["create"]
+# spec.scheduling.gang.scheduler volcano: Controller._act(CreateWorkers) ->
+# Kube.create(gang.build_pod_group)
+- apiGroups: ["scheduling.volcano.sh"]
+  resources: ["podgroups"]
+  verbs: ["create"]
+{{- if .Values.rbac.kueue }}
+# Kueue: suspend a queued or evicted job, apply an admission and resume it: Controller._queue ->
+# Kube.patch_job
+- apiGroups: ["kubeddp.io"]
+  resources: ["ddptrainingjobs"]
+  verbs: ["patch"]
+{{- end }}
+{{- if .Values.rbac.kueue }}
+# Kueue: the job's Workload (kueue.build_workload), read on every reconcile of a queued job;
+# handlers.workload_event watches ours
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create"]
+{{- end }}
+{{- if .Values.rbac.kueue }}
+# Kueue: release an evicted Workload's quota, mark it Finished: Controller._queue ->
+# Kube.patch_workload_status
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- if .Values.rbac.mpiJobs }}
 # launcher mpi: Controller._act(CreateWorkers) -> Kube.create(builders.build_mpijob); a group
 # restart: Kube.delete_mpijob; suspend and resume: Kube.suspend_mpijob
@@ -63,6 +99,17 @@
 - apiGroups: ["kubeflow.org"]
   resources: ["mpijobs"]
   verbs: ["list", "watch"]
+{{- end }}
+{{- end -}}
+
+{{/* Its rights on cluster-scoped objects (their own ClusterRole when namespaced). */}}
+{{- define "kube-ddp.clusterRules" -}}
+{{- if .Values.rbac.kueue }}
+# Kueue: the admitted ResourceFlavors' node labels and tolerations, a WorkloadPriorityClass's
+# value for a new Workload: Controller._queue
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors", "workloadpriorityclasses"]
+  verbs: ["get"]
 {{- end }}
 {{- end -}}
 

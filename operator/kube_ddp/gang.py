@@ -1,0 +1,154 @@
+"""Pure builders of gang (all-or-nothing) scheduling: a job's PodGroup, and what its worker
+pods carry to join it, for the three schedulers `spec.scheduling.gang.scheduler` names.
+
+- kubernetes: `scheduling.k8s.io/v1alpha2` (`spec.schedulingPolicy.gang.minCount`); a worker
+  names it in `spec.schedulingGroup.podGroupName`; the pod's own scheduler (default-scheduler).
+- coscheduling (scheduler-plugins): `scheduling.x-k8s.io/v1alpha1` (`spec.minMember`); label
+  `scheduling.x-k8s.io/pod-group`; schedulerName `scheduler-plugins-scheduler`.
+- volcano: `scheduling.volcano.sh/v1beta1` (`spec.minMember`); annotation
+  `scheduling.k8s.io/group-name`; schedulerName `volcano`.
+
+One PodGroup per job, named after it and owned by it (the caller adopts it like the other
+children): the gang's size cannot change on a live job (`nodes` and `scheduling` are
+immutable), so every attempt reuses it. `spec.template.schedulerName`, when set, wins over
+the scheduler's default name (a second scheduler installed under another name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kube_ddp.api import DDPTrainingJob, GangPolicy
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GangKind:
+    """What one scheduler's PodGroup is and how a pod names it."""
+
+    api_version: str
+    scheduler_name: str | None  # the pods' schedulerName unless the template names one
+    label: str | None = None  # the pod label that names the group
+    annotation: str | None = None  # the pod annotation that names the group
+    installed_by: str = ""  # what a cluster that does not serve the kind needs
+
+    @property
+    def kind(self) -> str:
+        return "PodGroup"
+
+    @property
+    def plural(self) -> str:
+        return "podgroups"
+
+
+KINDS: Final[dict[str, GangKind]] = {
+    "kubernetes": GangKind(
+        api_version="scheduling.k8s.io/v1alpha2",
+        scheduler_name=None,
+        installed_by="Kubernetes 1.36 with the GenericWorkload and GangScheduling feature gates "
+        "(kube-apiserver, kube-scheduler, kube-controller-manager) and "
+        "--runtime-config=scheduling.k8s.io/v1alpha2=true",
+    ),
+    "coscheduling": GangKind(
+        api_version="scheduling.x-k8s.io/v1alpha1",
+        # The name scheduler-plugins' Helm chart (as-a-second-scheduler) gives its scheduler.
+        scheduler_name="scheduler-plugins-scheduler",
+        label="scheduling.x-k8s.io/pod-group",
+        installed_by="the scheduler-plugins coscheduling plugin and its PodGroup CRD",
+    ),
+    "volcano": GangKind(
+        api_version="scheduling.volcano.sh/v1beta1",
+        scheduler_name="volcano",
+        annotation="scheduling.k8s.io/group-name",
+        installed_by="Volcano (its scheduler, controllers and CRDs)",
+    ),
+}
+
+
+def gang_of(job: DDPTrainingJob) -> GangPolicy | None:
+    scheduling = job.spec.scheduling
+    return scheduling.gang if scheduling is not None else None
+
+
+def pod_group_name(job: DDPTrainingJob) -> str:
+    return job.name
+
+
+def min_member(job: DDPTrainingJob) -> int:
+    """Workers placed together: minMember, else nodes (elastic: minNodes, what it can run on)."""
+    spec = job.spec
+    if spec.gang_min_member is not None:
+        return spec.gang_min_member
+    return spec.elastic.min_nodes if spec.elastic is not None else spec.nodes
+
+
+def build_pod_group(job: DDPTrainingJob, labels: dict[str, str]) -> Obj | None:
+    """The job's PodGroup with `labels` (the job's children's), or None without a gang."""
+    gang = gang_of(job)
+    if gang is None:
+        return None
+    kind = KINDS[gang.scheduler]
+    count = min_member(job)
+    spec: Obj
+    if gang.scheduler == "kubernetes":
+        spec = {"schedulingPolicy": {"gang": {"minCount": count}}}
+    else:
+        spec = {"minMember": count}
+        if gang.schedule_timeout_seconds is not None:
+            spec["scheduleTimeoutSeconds"] = gang.schedule_timeout_seconds
+        if gang.queue is not None:
+            spec["queue"] = gang.queue
+        if gang.scheduler == "volcano" and job.spec.template.priority_class_name:
+            spec["priorityClassName"] = job.spec.template.priority_class_name
+    return {
+        "apiVersion": kind.api_version,
+        "kind": kind.kind,
+        "metadata": {
+            "name": pod_group_name(job),
+            "namespace": job.namespace,
+            "labels": labels,
+        },
+        "spec": spec,
+    }
+
+
+def join(job: DDPTrainingJob, pod: Obj) -> Obj:
+    """`pod` (a worker) as a member of the job's gang; unchanged without a gang."""
+    gang = gang_of(job)
+    if gang is None:
+        return pod
+    kind = KINDS[gang.scheduler]
+    group = pod_group_name(job)
+    metadata = dict(pod["metadata"])
+    spec = dict(pod["spec"])
+    if kind.label:
+        metadata["labels"] = {**metadata.get("labels", {}), kind.label: group}
+    if kind.annotation:
+        metadata["annotations"] = {**metadata.get("annotations", {}), kind.annotation: group}
+    if gang.scheduler == "kubernetes":
+        spec["schedulingGroup"] = {"podGroupName": group}
+    if kind.scheduler_name and "schedulerName" not in spec:
+        spec["schedulerName"] = kind.scheduler_name
+    return {**pod, "metadata": metadata, "spec": spec}
+
+
+def describe(job: DDPTrainingJob) -> str | None:
+    """How status messages name the gang: `PodGroup <name> (3 of 3 workers together)`."""
+    if gang_of(job) is None:
+        return None
+    return (
+        f"PodGroup {pod_group_name(job)} ({min_member(job)} of {job.spec.nodes} workers together)"
+    )
+
+
+def not_served(job: DDPTrainingJob) -> str:
+    """Why a job whose PodGroup kind the cluster does not serve cannot run."""
+    gang = gang_of(job)
+    scheduler = gang.scheduler if gang is not None else "kubernetes"
+    kind = KINDS[scheduler]
+    return (
+        f"scheduling.gang.scheduler {scheduler} needs {kind.kind} {kind.api_version}, which this "
+        f"cluster does not serve: it needs {kind.installed_by}; or remove scheduling.gang"
+    )

@@ -1,0 +1,291 @@
+"""Pure: Kueue's contract for a job kind it does not know, as kube-ddp keeps it for a job
+labelled `kueue.x-k8s.io/queue-name` (followed: sigs.k8s.io/kueue v0.19.2,
+pkg/controller/jobframework reconciler.go `ReconcileGenericJob`).
+
+Kueue is configured with `integrations.externalFrameworks: ["DDPTrainingJob.v1alpha1.kubeddp.io"]`,
+which makes the kind a known owner and nothing more: Kueue runs no controller and no webhook for
+it. The operator does the job framework's part, and `plan` decides it:
+
+1. a queued job is suspended (`runPolicy.suspend: true`) before any pod exists;
+2. it gets one Workload, owned by the job: pod set `worker`, `count` = nodes, the worker pod's
+   template (its requests are what quota counts: accelerators, hugepages), the priority of the
+   `kueue.x-k8s.io/priority-class` WorkloadPriorityClass;
+3. when Kueue admits it (`Admitted=True`) the operator merges the assigned ResourceFlavors'
+   `nodeLabels` into `spec.template.nodeSelector` and their `tolerations` into
+   `spec.template.tolerations` (v1beta2 assignments name flavors only), and unsuspends;
+4. when Kueue evicts it (`Evicted=True`: preempted, deactivated, ...) the operator suspends the
+   job (the pods are removed; no restart is counted) and, once no pod is active, gives the
+   quota back on the Workload's status (`admission: null`, `QuotaReserved=False`,
+   `Admitted=False`, `Requeued`), as Kueue does for its own kinds;
+5. a running job whose Workload is not admitted is suspended;
+6. when the job ends, its Workload is `Finished` (`Succeeded` or `Failed`).
+
+The selectors of a former admission are replaced, not added to: the template the user wrote is
+kept on the Workload (annotation `TEMPLATE_ANNOTATION`) when it is created.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from kube_ddp import names
+from kube_ddp.api import DDPTrainingJob
+from kube_ddp.reasons import Reason
+
+Obj = dict[str, Any]
+
+GROUP: Final = "kueue.x-k8s.io"
+VERSION: Final = "v1beta2"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+WORKLOAD_KIND: Final = "Workload"
+WORKLOADS: Final = "workloads"
+RESOURCE_FLAVORS: Final = "resourceflavors"
+PRIORITY_CLASSES: Final = "workloadpriorityclasses"
+# The labels Kueue reads on a job (pkg/controller/constants).
+QUEUE_LABEL: Final = f"{GROUP}/queue-name"
+PRIORITY_CLASS_LABEL: Final = f"{GROUP}/priority-class"
+JOB_UID_LABEL: Final = f"{GROUP}/job-uid"
+# The value of Kueue's `integrations.externalFrameworks` that names our kind.
+EXTERNAL_FRAMEWORK: Final = f"{names.KIND}.{names.VERSION}.{names.GROUP}"
+POD_SET: Final = "worker"
+TEMPLATE_ANNOTATION: Final = f"{names.GROUP}/template-before-admission"
+# Eviction reasons after which Kueue requeues the Workload at once (reconciler.go, step 6).
+REQUEUED_AFTER: Final = frozenset({"Preempted", "NodeFailures"})
+
+
+def queue_name(job: DDPTrainingJob) -> str | None:
+    return job.metadata.labels.get(QUEUE_LABEL) or None
+
+
+def priority_class(job: DDPTrainingJob) -> str | None:
+    return job.metadata.labels.get(PRIORITY_CLASS_LABEL) or None
+
+
+def workload_name(job: DDPTrainingJob) -> str:
+    """Kueue's shape, `<kind>-<job>-<5 hex>`: the hash of the uid keeps a new job of the same
+    name from taking over an old job's Workload."""
+    digest = hashlib.sha256((job.metadata.uid or "").encode()).hexdigest()[:5]
+    return f"{names.KIND.lower()}-{job.name}-{digest}"
+
+
+def build_workload(
+    job: DDPTrainingJob,
+    worker_pod: Mapping[str, Any],
+    labels: Mapping[str, str],
+    priority: int | None,
+) -> Obj:
+    """The job's Workload: one pod set of `nodes` pods shaped like `worker_pod`.
+
+    `priority` is the value of the job's WorkloadPriorityClass (the caller reads it)."""
+    pod_spec = {
+        key: value
+        for key, value in worker_pod["spec"].items()
+        if key not in ("hostname", "subdomain")  # per pod, not per pod set
+    }
+    template = job.spec.template
+    before = {"nodeSelector": template.node_selector, "tolerations": template.tolerations}
+    spec: Obj = {
+        "queueName": queue_name(job),
+        "podSets": [
+            {
+                "name": POD_SET,
+                "count": job.spec.nodes,
+                "template": {
+                    "metadata": {"labels": dict(worker_pod["metadata"].get("labels", {}))},
+                    "spec": pod_spec,
+                },
+            }
+        ],
+    }
+    class_name = priority_class(job)
+    if class_name is not None:
+        spec["priorityClassRef"] = {
+            "group": GROUP,
+            "kind": "WorkloadPriorityClass",
+            "name": class_name,
+        }
+    if priority is not None:
+        spec["priority"] = priority
+    return {
+        "apiVersion": API_VERSION,
+        "kind": WORKLOAD_KIND,
+        "metadata": {
+            "name": workload_name(job),
+            "namespace": job.namespace,
+            "labels": {**labels, JOB_UID_LABEL: job.metadata.uid or ""},
+            "annotations": {TEMPLATE_ANNOTATION: json.dumps(before, sort_keys=True)},
+        },
+        "spec": spec,
+    }
+
+
+# --- reading a Workload -------------------------------------------------------------------
+
+
+def conditions(workload: Mapping[str, Any] | None) -> dict[str, Obj]:
+    status = (workload or {}).get("status") or {}
+    return {c.get("type", ""): c for c in status.get("conditions") or []}
+
+
+def _true(workload: Mapping[str, Any] | None, type_: str) -> Obj | None:
+    condition = conditions(workload).get(type_)
+    return condition if condition and condition.get("status") == "True" else None
+
+
+def is_admitted(workload: Mapping[str, Any] | None) -> bool:
+    return _true(workload, "Admitted") is not None
+
+
+def eviction(workload: Mapping[str, Any] | None) -> Obj | None:
+    return _true(workload, "Evicted")
+
+
+def is_finished(workload: Mapping[str, Any] | None) -> bool:
+    return _true(workload, "Finished") is not None
+
+
+def _admission(workload: Mapping[str, Any] | None) -> Obj:
+    return dict(((workload or {}).get("status") or {}).get("admission") or {})
+
+
+def assigned_flavors(workload: Mapping[str, Any] | None) -> list[str]:
+    """The ResourceFlavors Kueue assigned to the worker pod set (every resource's)."""
+    for assignment in _admission(workload).get("podSetAssignments") or []:
+        if assignment.get("name") == POD_SET:
+            return sorted(set((assignment.get("flavors") or {}).values()))
+    return []
+
+
+def admitted_template(
+    workload: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The template's nodeSelector and tolerations under this admission: the user's own (as
+    kept on the Workload), the flavors' node labels and tolerations, then the admission
+    checks' pod set updates (Kueue's podset.FromAssignment and Merge)."""
+    kept = ((workload.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_ANNOTATION)
+    before = json.loads(kept) if kept else {}
+    node_selector: dict[str, str] = dict(before.get("nodeSelector") or {})
+    tolerations: list[Any] = list(before.get("tolerations") or [])
+    for name in assigned_flavors(workload):
+        flavor_spec = flavors[name].get("spec") or {}
+        node_selector.update(flavor_spec.get("nodeLabels") or {})
+        tolerations += [t for t in flavor_spec.get("tolerations") or [] if t not in tolerations]
+    for check in ((workload.get("status") or {}).get("admissionChecks")) or []:
+        for update in check.get("podSetUpdates") or []:
+            if update.get("name") == POD_SET:
+                node_selector.update(update.get("nodeSelector") or {})
+                tolerations += [t for t in update.get("tolerations") or [] if t not in tolerations]
+    return {"nodeSelector": node_selector, "tolerations": tolerations}
+
+
+def _template_patch(job: DDPTrainingJob, wanted: Mapping[str, Any]) -> Obj:
+    """A merge patch of spec.template to `wanted`: keys no longer wanted are set to null."""
+    current = job.spec.template.node_selector
+    selector: dict[str, Any] = {k: None for k in current if k not in wanted["nodeSelector"]}
+    selector.update(wanted["nodeSelector"])
+    return {"nodeSelector": selector or None, "tolerations": wanted["tolerations"] or None}
+
+
+# --- the contract -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the operator does for a queued job on this reconcile; all optional."""
+
+    create_workload: bool = False
+    job_patch: Obj | None = None  # a merge patch of the job (its spec)
+    workload_status: Obj | None = None  # a merge patch of the Workload, on /status
+    # Why the job is suspended, for its Suspended condition: (reason, message).
+    suspended: tuple[str, str] | None = None
+
+
+def _condition(type_: str, status: str, reason: str, message: str, now: datetime) -> Obj:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message[:32768],
+        "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def _with_conditions(workload: Mapping[str, Any], new: list[Obj]) -> list[Obj]:
+    """The Workload's conditions with `new` set (a transition time moves only on a change)."""
+    kept = conditions(workload)
+    for condition in new:
+        old = kept.get(condition["type"])
+        same = old is not None and old.get("status") == condition["status"]
+        since = old.get("lastTransitionTime") if same and old else None
+        kept[condition["type"]] = {**condition, "lastTransitionTime": since} if since else condition
+    return list(kept.values())
+
+
+def _status_patch(workload: Mapping[str, Any], status: Obj) -> Obj:
+    """A status merge patch that fails (409) if the Workload changed since it was read:
+    conditions are a list, which a merge patch replaces whole."""
+    version = (workload.get("metadata") or {}).get("resourceVersion")
+    return {"metadata": {"resourceVersion": version}, "status": status}
+
+
+def plan(
+    job: DDPTrainingJob,
+    workload: Mapping[str, Any] | None,
+    flavors: Mapping[str, Mapping[str, Any]],
+    pods_active: bool,
+    now: datetime,
+) -> Step:
+    """The next step of the contract for a job labelled with a queue (module docstring).
+
+    `workload` is the job's (None before it exists), `flavors` the ResourceFlavors that
+    `assigned_flavors(workload)` names, `pods_active` whether a worker pod still runs."""
+    queue = queue_name(job)
+    if queue is None:
+        return Step()
+    suspended = job.spec.run_policy.suspend
+    phase = job.status.phase if job.status is not None else None
+    if phase in ("Succeeded", "Failed"):
+        if workload is None or is_finished(workload):
+            return Step()
+        message = f"The DDPTrainingJob {phase.lower()}"
+        finished = _condition("Finished", "True", phase, message, now)
+        status = {"conditions": _with_conditions(workload, [finished])}
+        return Step(workload_status=_status_patch(workload, status))
+    suspend = None if suspended else {"spec": {"runPolicy": {"suspend": True}}}
+    if workload is None:
+        message = f"Queued in LocalQueue {queue}: waiting for Kueue to admit its Workload"
+        return Step(create_workload=True, job_patch=suspend, suspended=(Reason.QUEUED, message))
+    evicted = eviction(workload)
+    if evicted is not None:
+        why = evicted.get("reason") or "Evicted"
+        reason = Reason.PREEMPTED if why == "Preempted" else Reason.EVICTED
+        message = f"Kueue evicted the Workload ({why}): {evicted.get('message') or ''}".rstrip()
+        release = None
+        if suspended and not pods_active and _admission(workload):
+            # Give the quota back, as Kueue's job framework does once the job stopped.
+            requeued = "True" if why in REQUEUED_AFTER else "False"
+            new = [
+                _condition("QuotaReserved", "False", "Pending", message, now),
+                _condition("Admitted", "False", "NoReservation", message, now),
+                _condition("Requeued", requeued, why, message, now),
+            ]
+            release = _status_patch(
+                workload, {"admission": None, "conditions": _with_conditions(workload, new)}
+            )
+        return Step(job_patch=suspend, workload_status=release, suspended=(reason, message))
+    if is_admitted(workload):
+        if not suspended:
+            return Step()
+        wanted = admitted_template(workload, flavors)
+        template = _template_patch(job, wanted)
+        return Step(job_patch={"spec": {"runPolicy": {"suspend": False}, "template": template}})
+    reserved = conditions(workload).get("QuotaReserved") or {}
+    waiting = reserved.get("message") or "waiting for Kueue to admit its Workload"
+    cluster_queue = _admission(workload).get("clusterQueue")
+    where = f"LocalQueue {queue}" + (f" (ClusterQueue {cluster_queue})" if cluster_queue else "")
+    return Step(job_patch=suspend, suspended=(Reason.QUEUED, f"Queued in {where}: {waiting}"))
