@@ -14,13 +14,23 @@ docs/dev-cluster.md describe it.
 | host | what the real node changes on the host, recorded and put back |
 | packages | Debian packages, installed with apt-get when a tool is missing |
 | mpioperator | the Kubeflow MPI Operator, run against the cluster |
+| kueue | Kueue, run out of cluster for the tests of kube-ddp's Kueue contract |
 | cli | `hack/dev-cluster.py build|up|down|status|mpi-operator|tool` |
 
 What tests and benchmarks use is re-exported here.
 """
 
-from devcluster import controlplane, host, mpioperator, node, packages
-from devcluster.build import KUBERNETES_VERSION, binaries_ready, binary, build_all
+from devcluster import controlplane, host, kueue, mpioperator, node, packages
+from devcluster.build import (
+    KUBERNETES_VERSION,
+    SCHEDULER_PLUGINS_VERSION,
+    VOLCANO_VERSION,
+    binaries_ready,
+    binary,
+    build_all,
+    built,
+    module_dir,
+)
 from devcluster.controlplane import (
     free_port,
     read_state,
@@ -43,16 +53,21 @@ __all__ = [
     "KUBECONFIG",
     "KUBERNETES_VERSION",
     "PKI",
+    "SCHEDULER_PLUGINS_VERSION",
     "STATE_DIR",
+    "VOLCANO_VERSION",
     "BuildError",
     "ClusterError",
     "binaries_ready",
     "binary",
     "build_all",
+    "built",
     "controlplane",
     "down",
     "free_port",
     "host",
+    "kueue",
+    "module_dir",
     "mpioperator",
     "node",
     "packages",

@@ -33,6 +33,9 @@ MPI_OPERATOR_VERSION = "v0.8.2"
 MPI_OPERATOR_MODULE = "github.com/kubeflow/mpi-operator"
 MPIJOB_CRD_FILE = "./manifests/base/kubeflow.org_mpijobs.yaml"  # in the module
 KUEUE_VERSION = "v0.19.2"
+# Read, not built: the PodGroup CRDs of the two gang schedulers that are not Kubernetes' own.
+SCHEDULER_PLUGINS_VERSION = "v0.34.7"
+VOLCANO_VERSION = "v1.14.1"  # the proxy refuses v1.14.0 of volcano.sh/volcano
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +187,7 @@ KUEUE_CRDS = (
 # without them, and Kueue's cold build takes minutes.
 ADDONS = (
     GoBuild(
-        name="kueue",  # tests/cluster/kueue_support.py runs it out of cluster
+        name="kueue",  # devcluster.kueue runs it out of cluster, for tests/cluster/test_kueue.py
         module="sigs.k8s.io/kueue",
         version=KUEUE_VERSION,
         packages={"kueue": "sigs.k8s.io/kueue/cmd/kueue"},
@@ -259,6 +262,14 @@ def staging_replaces(build: GoBuild) -> tuple[list[str], list[str]]:
     return replaces, godebugs
 
 
+def module_dir(module: str, version: str) -> Path:
+    """The module's files in the Go module cache, downloaded when missing (read-only use)."""
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    (CACHE_DIR / "go" / "tmp").mkdir(parents=True, exist_ok=True)
+    info = json.loads(go(["mod", "download", "-json", f"{module}@{version}"], CACHE_DIR))
+    return Path(info["Dir"])
+
+
 def go_binary_name(package: str) -> str:
     """The file name `go build -o dir/` gives a main package: a /vN suffix does not count."""
     parts = package.split("/")
@@ -280,9 +291,7 @@ def build_one(build: GoBuild) -> None:
         go(["mod", "edit", *(f"-replace={r}" for r in replaces)], build.work_dir)
         go(["mod", "edit", *(f"-godebug={g}" for g in godebugs)], build.work_dir)
     if build.module_go_sum:
-        module = f"{build.module}@{build.version}"
-        info = json.loads(go(["mod", "download", "-json", module], build.work_dir))
-        shutil.copy(Path(info["Dir"]) / "go.sum", build.work_dir / "go.sum")
+        shutil.copy(module_dir(build.module, build.version) / "go.sum", build.work_dir / "go.sum")
     go(["get", *(f"{pkg}@{build.version}" for pkg in build.packages.values())], build.work_dir)
     out_dir = Path(tempfile.mkdtemp(prefix=f".{build.name}-", dir=build.bin_dir.parent))
     out_dir.chmod(0o755)  # mkdtemp makes it private
@@ -294,9 +303,9 @@ def build_one(build: GoBuild) -> None:
         if produced != out_dir / name:
             produced.rename(out_dir / name)
     if build.module_files:
-        module_dir = go(["list", "-m", "-f", "{{.Dir}}", build.module], build.work_dir).strip()
+        source = go(["list", "-m", "-f", "{{.Dir}}", build.module], build.work_dir).strip()
         for file in build.module_files:
-            shutil.copy(Path(module_dir) / file, out_dir / Path(file).name)
+            shutil.copy(Path(source) / file, out_dir / Path(file).name)
     (out_dir / "recipe.json").write_text(build.recipe)
     shutil.rmtree(build.bin_dir, ignore_errors=True)
     out_dir.rename(build.bin_dir)  # atomic: a half-built directory never looks warm

@@ -323,9 +323,10 @@ def start_cluster(owner: str) -> State:
     return state
 
 
-def kubectl(*args: str) -> str:
+def kubectl(*args: str, stdin: str | None = None) -> str:
     result = subprocess.run(
         [str(binary("kubectl")), f"--kubeconfig={KUBECONFIG}", *args],
+        input=stdin,
         capture_output=True,
         text=True,
         check=False,

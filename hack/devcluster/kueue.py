@@ -1,0 +1,158 @@
+"""Kueue (sigs.k8s.io/kueue, built by `build.ADDONS`) as a process next to the control plane,
+for the tests of kube-ddp's Kueue contract: `running(state)` installs it and takes it all away
+again.
+
+Out of cluster, as the reference note measured (docs/dev-cluster.md, "Kueue"):
+- its CRDs from the same module version, applied server-side (the Workload CRD is 1.4 MB);
+- its webhooks served on 127.0.0.1 with a certificate of the cluster's CA, registered by URL,
+  only the hooks of Kueue's own kinds: a pod or Job hook with `failurePolicy: Fail` would break
+  every pod or Job once Kueue stops; the configurations are deleted when it stops;
+- internal certificate management off (it certifies a Service name the API server cannot
+  reach here); v0.19.2 then reads a metrics certificate from the hard-coded
+  /etc/kueue/metrics/certs, which it gets from an overlay on /etc in a private mount namespace
+  (the host's /etc is untouched);
+- `externalFrameworks` names the DDPTrainingJob kind: Kueue treats it as a known owner and
+  leaves its Workloads to kube-ddp's operator.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from devcluster.build import KUEUE_CRDS, built
+from devcluster.controlplane import State, free_port, kubectl
+from devcluster.paths import LOGS, PKI, RUN, ClusterError, log
+from devcluster.pki import new_certificate
+from devcluster.processes import Component, is_healthy, spawn_to, stop_component, wait_until
+
+NAMESPACE = "kueue-system"
+EXTERNAL_FRAMEWORK = "DDPTrainingJob.v1alpha1.kubeddp.io"
+# Kueue's own kinds: the only webhooks registered (paths of config/components/webhook).
+OWN_HOOKS = "kueue-x-k8s-io"
+WEBHOOK_CONFIGS = {
+    "MutatingWebhookConfiguration": "kube-ddp-dev-kueue-mutating",
+    "ValidatingWebhookConfiguration": "kube-ddp-dev-kueue-validating",
+}
+
+
+def config(ports: dict[str, int], cert_dir: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "namespace": NAMESPACE,
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['health']}"},
+        "metrics": {"bindAddress": f"127.0.0.1:{ports['metrics']}"},
+        "webhook": {"port": ports["webhook"], "host": "127.0.0.1", "certDir": str(cert_dir)},
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "integrations": {
+            "frameworks": ["batch/job"],  # one is required; its hooks stay unregistered
+            "externalFrameworks": [EXTERNAL_FRAMEWORK],
+        },
+    }
+
+
+def webhook_configurations(manifests: Path, port: int, ca_bundle: str) -> list[dict[str, Any]]:
+    """The module's webhook configurations, renamed, with only Kueue's own hooks, each
+    called by URL on 127.0.0.1."""
+    # kubectl reads the YAML (the dev cluster's code has no YAML parser): one JSON per object.
+    text = kubectl("create", "--dry-run=client", "-o", "json", f"--filename={manifests}")
+    decoder, objects, at = json.JSONDecoder(), [], 0
+    while text[at:].strip():
+        obj, end = decoder.raw_decode(text, at + len(text[at:]) - len(text[at:].lstrip()))
+        objects.append(obj)
+        at = end
+    result = []
+    for obj in objects:
+        if obj.get("kind") not in WEBHOOK_CONFIGS:
+            continue
+        hooks = []
+        for hook in obj["webhooks"]:
+            path = hook["clientConfig"]["service"]["path"]
+            if OWN_HOOKS in path:
+                url = f"https://127.0.0.1:{port}{path}"
+                hooks.append({**hook, "clientConfig": {"url": url, "caBundle": ca_bundle}})
+        obj["metadata"] = {"name": WEBHOOK_CONFIGS[obj["kind"]]}
+        obj["webhooks"] = hooks
+        result.append(obj)
+    return result
+
+
+def _apply_crds(bin_dir: Path) -> None:
+    files = [bin_dir / f"kueue.x-k8s.io_{crd}.yaml" for crd in KUEUE_CRDS]
+    kubectl("apply", "--server-side", "--force-conflicts", *(f"--filename={f}" for f in files))
+    names = [f"crd/{crd}.kueue.x-k8s.io" for crd in KUEUE_CRDS]
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+
+
+def _remove(bin_dir: Path) -> None:
+    """Everything `running` added, in the order that leaves no hook without its server."""
+    for kind, name in WEBHOOK_CONFIGS.items():
+        kubectl("delete", kind.lower(), name, "--ignore-not-found")
+    files = [bin_dir / f"kueue.x-k8s.io_{crd}.yaml" for crd in KUEUE_CRDS]
+    kubectl("delete", "--ignore-not-found", "--wait=false", *(f"--filename={f}" for f in files))
+    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false")
+
+
+@contextlib.contextmanager
+def running(state: State) -> Iterator[Component]:
+    """Kueue installed and running against the cluster of `state`; removed afterwards."""
+    if os.geteuid() != 0:
+        raise ClusterError("Kueue out of cluster needs root (a mount namespace for its certs)")
+    kueue = built("kueue")
+    bin_dir = kueue.parent
+    work = RUN / "kueue"
+    shutil.rmtree(work, ignore_errors=True)
+    certs = work / "certs"
+    upper = work / "etc-upper"
+    (upper / "kueue" / "metrics" / "certs").mkdir(parents=True)
+    (work / "etc-work").mkdir()
+    certs.mkdir()
+    new_certificate(
+        PKI,
+        "kueue-webhook",
+        "/CN=kueue-webhook",
+        ["extendedKeyUsage=serverAuth", "subjectAltName=IP:127.0.0.1"],
+    )
+    for target in (certs, upper / "kueue" / "metrics" / "certs"):
+        shutil.copy(PKI / "kueue-webhook.crt", target / "tls.crt")
+        shutil.copy(PKI / "kueue-webhook.key", target / "tls.key")
+    ports = {name: free_port() for name in ("health", "metrics", "webhook")}
+    (work / "config.json").write_text(json.dumps(config(ports, certs), indent=2))
+    ca_bundle = base64.b64encode((PKI / "ca.crt").read_bytes()).decode()
+    hooks = webhook_configurations(bin_dir / "manifests.yaml", ports["webhook"], ca_bundle)
+    overlay = f"lowerdir=/etc,upperdir={upper},workdir={work / 'etc-work'}"
+    script = f'mount -t overlay overlay -o "{overlay}" /etc && exec "$0" "$@"'  # $0: kueue
+    command = [
+        str(kueue),
+        f"--config={work / 'config.json'}",
+        f"--kubeconfig={state['kubeconfig']}",
+        "--feature-gates=VisibilityOnDemand=false",  # its API service needs in-cluster serving
+    ]
+    # unshare and sh exec into kueue: the process keeps its pid and then runs `command`.
+    argv = ["unshare", "--mount", "--propagation=private", "sh", "-c", script, *command]
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    kubectl("apply", "-f", "-", stdin=json.dumps(namespace))
+    component: Component | None = None
+    try:
+        _apply_crds(bin_dir)
+        process = spawn_to(LOGS / "kueue.log", argv)
+        component = {"name": "kueue", "pid": process.pid, "argv": command}
+        check = functools.partial(is_healthy, f"http://127.0.0.1:{ports['health']}/readyz")
+        wait_until("kueue /readyz", check, 90, {"kueue": process})
+        hook_list = {"apiVersion": "v1", "kind": "List", "items": hooks}
+        kubectl("apply", "-f", "-", stdin=json.dumps(hook_list))
+        log(f"kueue ready, webhooks on 127.0.0.1:{ports['webhook']}")
+        yield component
+    finally:
+        if component is not None:
+            stop_component(component)
+        _remove(bin_dir)

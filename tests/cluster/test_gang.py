@@ -1,0 +1,133 @@
+"""Gang scheduling on the real control plane: Kubernetes' own (scheduling.k8s.io/v1alpha2
+PodGroup, kube-scheduler's GangScheduling plugin, enabled in hack/devcluster/controlplane.py)
+with kwok's GPU nodes, and the PodGroups of scheduler-plugins and Volcano against their CRDs
+from the Go module cache (server-side dry runs: neither scheduler runs here)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kube_ddp import gang
+from kube_ddp.api import load_job
+from kube_ddp.builders import build_children
+from tests.cluster.operator_support import Jobs, OperatorProcess, job_manifest
+from tests.cluster.support import Cluster, load_dev_cluster, wait_for
+
+GPU = {"type": "nvidia", "perNode": 8}  # hack/nodes.yaml: two nodes of 8 GPUs
+
+
+def schedulable(jobs: Jobs, name: str) -> dict[str, str] | None:
+    conditions = {c["type"]: c for c in jobs.status(name).get("conditions", [])}
+    return conditions.get("Schedulable")
+
+
+def test_a_gang_that_does_not_fit_places_no_worker(jobs: Jobs, operator: OperatorProcess) -> None:
+    """Three workers of 8 GPUs, room for two: without a gang two would start and hold 16 GPUs
+    while waiting for the third; with one, none is bound."""
+    jobs.create(job_manifest("big", nodes=3, accelerator=GPU, scheduling={"gang": {}}))
+
+    def says_so() -> dict[str, str] | None:
+        found = schedulable(jobs, "big")
+        return found if found and found["status"] == "False" else None
+
+    condition = wait_for(says_so, "Schedulable=False on the gang's job")
+    assert condition["reason"] == "Unschedulable"
+    assert condition["message"].startswith("PodGroup big (3 of 3 workers together): big-worker-")
+    assert "pod group is unschedulable" in condition["message"]
+    pods = jobs.pods("big")
+    assert len(pods) == 3
+    assert [p.spec.node_name for p in pods] == [None, None, None]
+    assert {p.spec.scheduling_group.pod_group_name for p in pods} == {"big"}
+    assert jobs.status("big")["phase"] == "Pending"
+    group = jobs.cluster.custom_objects.get_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", jobs.namespace, "podgroups", "big"
+    )
+    assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
+    assert group["metadata"]["ownerReferences"][0]["kind"] == "DDPTrainingJob"
+
+
+def test_a_gang_that_fits_starts_together(jobs: Jobs, operator: OperatorProcess) -> None:
+    jobs.create(job_manifest("pair", nodes=2, accelerator=GPU, scheduling={"gang": {}}))
+    pods = jobs.wait_pods("pair", 2)
+    assert sorted(p.spec.node_name for p in pods) == ["gpu-node-0", "gpu-node-1"]
+    status = jobs.wait_phase("pair", "Running")
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Schedulable"] == "True"
+    assert status["restarts"] == 0
+
+
+# --- the PodGroups of the other two schedulers, against their CRDs ----------------------
+
+# The module and file of each scheduler's PodGroup CRD, in the Go module cache.
+CRDS = {
+    # (a path of that module's, not of this repository)
+    "coscheduling": (
+        "sigs.k8s.io/scheduler-plugins",
+        str(Path("manifests", "coscheduling", "crd.yaml")),
+    ),
+    "volcano": (
+        "volcano.sh/volcano",
+        "config/crd/volcano/bases/scheduling.volcano.sh_podgroups.yaml",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def gang_crds(cluster: Cluster) -> Iterator[None]:
+    """The two PodGroup CRDs applied (server-side), deleted afterwards."""
+    dev_cluster = load_dev_cluster()
+    versions = {
+        "sigs.k8s.io/scheduler-plugins": dev_cluster.SCHEDULER_PLUGINS_VERSION,
+        "volcano.sh/volcano": dev_cluster.VOLCANO_VERSION,
+    }
+    files = [dev_cluster.module_dir(m, versions[m]) / path for m, path in CRDS.values()]
+    for file in files:
+        cluster.kubectl("apply", "--server-side", f"--filename={file}")
+    names = [yaml.safe_load(Path(f).read_text())["metadata"]["name"] for f in files]
+    for name in names:
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s", f"crd/{name}")
+    yield
+    for name in names:
+        cluster.kubectl("delete", f"crd/{name}", "--ignore-not-found")
+
+
+def dry_run_create(cluster: Cluster, obj: dict[str, Any]) -> dict[str, Any]:
+    """What the API server would store (kubectl's server-side dry run, as render is checked)."""
+    done = cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(obj)
+    )
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.parametrize("scheduler", ["coscheduling", "volcano"])
+def test_other_schedulers_accept_the_pod_group(
+    cluster: Cluster, namespace: str, gang_crds: None, scheduler: str
+) -> None:
+    gang_spec = {"scheduler": scheduler, "minMember": 2}
+    gang_spec |= {"coscheduling": {"scheduleTimeoutSeconds": 60}, "volcano": {"queue": "default"}}[
+        scheduler
+    ]
+    job = load_job(
+        job_manifest("g", nodes=3, accelerator=GPU, scheduling={"gang": gang_spec}), namespace
+    )
+    children = build_children(job)
+    (group,) = [c for c in children if c["kind"] == "PodGroup"]
+    stored = dry_run_create(cluster, group)
+    assert stored["spec"]["minMember"] == 2  # kept by the CRD's structural schema
+    kind = gang.KINDS[scheduler]
+    for pod in (c for c in children if c["kind"] == "Pod"):
+        # The job's own account is not created here: the admission plugin wants one that exists.
+        pod["spec"]["serviceAccountName"] = "default"
+        accepted = dry_run_create(cluster, pod)
+        assert accepted["spec"]["schedulerName"] == kind.scheduler_name
+        joined = {
+            **accepted["metadata"].get("labels", {}),
+            **accepted["metadata"].get("annotations", {}),
+        }
+        assert joined[kind.label or kind.annotation or ""] == "g"

@@ -1,0 +1,153 @@
+"""kube-ddp under real Kueue (sigs.k8s.io/kueue v0.19.2, built from its module and run out of
+cluster by hack/devcluster/kueue.py), with the queues of manifests/examples/kueue/queues.yaml:
+quota, waiting, preemption, and jobs that name no queue.
+
+kwok's pods run nothing: "resumes from its checkpoint" is checked as what the operator owes the
+trainer (the same attempt, no restart counted, the group recreated); the trainer's resume
+from `checkpointDir` is the trainer tier's (tests/trainer).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kube_ddp import kueue
+from kube_ddp.api import load_job
+from tests.cluster.conftest import IN_CI
+from tests.cluster.operator_support import Jobs, OperatorProcess, env_of, job_manifest
+from tests.cluster.support import Cluster, load_dev_cluster, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+QUEUES = REPO / "manifests" / "examples" / "kueue" / "queues.yaml"
+LOCAL_QUEUE = "team-queue"
+GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}  # the whole GPU quota
+
+
+@pytest.fixture(scope="module")
+def kueue_running(cluster: Cluster) -> Iterator[None]:
+    """Kueue and the example's cluster-scoped queues, all removed afterwards. Module scope:
+    the operator fixture (per test) starts after Kueue's CRDs exist, as kopf needs."""
+    dev_cluster = load_dev_cluster()
+    if os.geteuid() != 0 and not IN_CI:  # in CI, running() fails loudly instead
+        pytest.skip("Kueue out of cluster needs root (a private mount namespace for its certs)")
+    with dev_cluster.kueue.running(dev_cluster.running_state()):
+        # Kueue's webhooks check these objects as they are created: the example is valid.
+        cluster.kubectl("apply", f"--filename={QUEUES}", "--namespace=default")
+        cluster.kubectl("delete", "localqueue", LOCAL_QUEUE, "--namespace=default")
+        yield
+
+
+@pytest.fixture
+def queued(kueue_running: None, cluster: Cluster, namespace: str) -> str:
+    """The example's LocalQueue in the test's namespace."""
+    cluster.kubectl("apply", f"--filename={QUEUES}", f"--namespace={namespace}")
+    return LOCAL_QUEUE
+
+
+def queued_job(name: str, queue: str, priority: str | None = None) -> dict[str, Any]:
+    manifest = job_manifest(name, **GPU_2X8)
+    manifest["metadata"]["labels"] = {kueue.QUEUE_LABEL: queue}
+    if priority:
+        manifest["metadata"]["labels"][kueue.PRIORITY_CLASS_LABEL] = priority
+    return manifest
+
+
+def workload_of(jobs: Jobs, name: str) -> dict[str, Any]:
+    job = load_job(jobs.get(name))
+    found: dict[str, Any] = jobs.cluster.custom_objects.get_namespaced_custom_object(
+        kueue.GROUP, kueue.VERSION, jobs.namespace, kueue.WORKLOADS, kueue.workload_name(job)
+    )
+    return found
+
+
+def condition(jobs: Jobs, name: str, type_: str) -> dict[str, Any]:
+    found = {c["type"]: c for c in jobs.status(name).get("conditions", [])}
+    return dict(found.get(type_) or {})
+
+
+def wait_suspended(jobs: Jobs, name: str, reason: str) -> dict[str, Any]:
+    def suspended() -> dict[str, Any] | None:
+        found = condition(jobs, name, "Suspended")
+        ok = jobs.status(name).get("phase") == "Suspended" and found.get("reason") == reason
+        return found if ok else None
+
+    return wait_for(suspended, f"{name} Suspended ({reason})", timeout=60)
+
+
+def test_second_job_waits_for_the_quota(queued: str, jobs: Jobs, operator: OperatorProcess) -> None:
+    jobs.create(queued_job("first", queued))
+    pods = jobs.wait_pods("first", 2, timeout=60)
+    for pod in pods:  # the admitted flavor's node labels, merged into the pods' selector
+        assert pod.spec.node_selector == {"kubeddp.io/accelerator": "nvidia"}
+    assert jobs.get("first")["spec"]["runPolicy"]["suspend"] is False
+    workload = workload_of(jobs, "first")
+    assert workload["metadata"]["ownerReferences"][0]["name"] == "first"
+    (pod_set,) = workload["spec"]["podSets"]
+    assert pod_set["count"] == 2
+    requests = pod_set["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert requests["nvidia.com/gpu"] in (8, "8")
+    jobs.wait_phase("first", "Running")
+
+    jobs.create(queued_job("second", queued))
+    waiting = wait_suspended(jobs, "second", "Queued")
+    assert waiting["message"].startswith(f"Queued in LocalQueue {queued}: ")
+    assert "insufficient unused quota for nvidia.com/gpu" in waiting["message"]
+    assert jobs.pods("second") == []
+    assert jobs.get("second")["spec"]["runPolicy"]["suspend"] is True
+
+    jobs.end_worker("first-worker-0", 0)
+    jobs.wait_phase("first", "Succeeded")
+    wait_for(lambda: kueue.is_finished(workload_of(jobs, "first")), "first's Workload Finished", 30)
+    jobs.wait_pods("second", 2, timeout=60)
+    status = jobs.wait_phase("second", "Running")
+    assert condition(jobs, "second", "Suspended")["status"] == "False"
+    assert status["restarts"] == 0
+
+
+def test_higher_priority_preempts_and_the_lower_resumes(
+    queued: str, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create(queued_job("low", queued, priority="research"))
+    before = jobs.wait_pods("low", 2, timeout=60)
+    jobs.wait_phase("low", "Running")
+
+    jobs.create(queued_job("high", queued, priority="production"))
+    preempted = wait_suspended(jobs, "low", "Preempted")
+    assert "Preempted" in preempted["message"]
+    status = jobs.status("low")
+    assert status["phase"] == "Suspended"  # not Failed
+    assert status["restarts"] == 0
+    assert "Failed" not in {c["type"] for c in status["conditions"] if c["status"] == "True"}
+    jobs.wait_pods("high", 2, timeout=60)
+    jobs.wait_phase("high", "Running")
+    wait_for(lambda: not jobs.pods("low"), "low's pods removed", 30)
+
+    jobs.end_worker("high-worker-0", 0)
+    jobs.wait_phase("high", "Succeeded")
+    after = jobs.wait_pods("low", 2, timeout=60)
+    status = jobs.wait_phase("low", "Running")
+    assert status["restarts"] == 0  # an eviction is not a failure
+    assert {p.metadata.uid for p in after}.isdisjoint(p.metadata.uid for p in before)
+    # The same attempt: the trainer reads its checkpoint and goes on from its last epoch.
+    assert [env_of(p)["KUBEDDP_ATTEMPT"] for p in after] == ["0", "0"]
+    assert condition(jobs, "low", "Suspended")["status"] == "False"
+
+
+def test_a_job_without_the_label_is_left_alone(
+    queued: str, cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create(job_manifest("free", **GPU_2X8))
+    jobs.wait_pods("free", 2)
+    jobs.wait_phase("free", "Running")
+    job = jobs.get("free")
+    assert job["spec"]["runPolicy"].get("suspend", False) is False
+    assert job["spec"].get("template", {}).get("nodeSelector") is None
+    listed = cluster.custom_objects.list_namespaced_custom_object(
+        kueue.GROUP, kueue.VERSION, jobs.namespace, kueue.WORKLOADS
+    )
+    assert listed["items"] == []

@@ -1,0 +1,138 @@
+"""Gang scheduling's pure builders (kube_ddp.gang): each scheduler's PodGroup and how a worker
+joins it; the status naming the gang."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from kube_ddp import gang
+from kube_ddp.api import JobStatus
+from kube_ddp.builders import build_children
+from kube_ddp.status import PodView, decide
+from tests.unit.support import make_job, validate_strict
+
+GPU = {"type": "nvidia", "perNode": 8}
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def children(**spec: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    objects = build_children(make_job(**spec))
+    groups = [o for o in objects if o["kind"] == "PodGroup"]
+    pods = [o for o in objects if o["kind"] == "Pod"]
+    assert objects.index(groups[0]) < objects.index(pods[0]) if groups else True
+    return groups, pods
+
+
+def test_no_gang_no_pod_group() -> None:
+    groups, pods = children(nodes=2, accelerator=GPU)
+    assert groups == []
+    assert "schedulingGroup" not in pods[0]["spec"]
+    assert "schedulerName" not in pods[0]["spec"]
+
+
+def test_kubernetes_gang() -> None:
+    (group,), pods = children(nodes=3, accelerator=GPU, scheduling={"gang": {}})
+    assert group["apiVersion"] == "scheduling.k8s.io/v1alpha2"
+    assert group["metadata"]["name"] == "bar"
+    assert group["metadata"]["namespace"] == "ns1"
+    assert group["metadata"]["labels"]["kubeddp.io/job-name"] == "bar"
+    assert group["spec"] == {"schedulingPolicy": {"gang": {"minCount": 3}}}
+    for pod in pods:
+        assert pod["spec"]["schedulingGroup"] == {"podGroupName": "bar"}
+        assert "schedulerName" not in pod["spec"]  # the default scheduler runs the plugin
+        validate_strict(pod)
+
+
+@pytest.mark.parametrize(
+    ("gang_spec", "api_version", "spec", "member_of", "scheduler_name"),
+    [
+        (
+            {"scheduler": "coscheduling", "scheduleTimeoutSeconds": 90},
+            "scheduling.x-k8s.io/v1alpha1",
+            {"minMember": 2, "scheduleTimeoutSeconds": 90},
+            ("labels", "scheduling.x-k8s.io/pod-group"),
+            "scheduler-plugins-scheduler",
+        ),
+        (
+            {"scheduler": "volcano", "queue": "research"},
+            "scheduling.volcano.sh/v1beta1",
+            {"minMember": 2, "queue": "research"},
+            ("annotations", "scheduling.k8s.io/group-name"),
+            "volcano",
+        ),
+    ],
+    ids=["coscheduling", "volcano"],
+)
+def test_second_scheduler_gangs(
+    gang_spec: dict[str, Any],
+    api_version: str,
+    spec: dict[str, Any],
+    member_of: tuple[str, str],
+    scheduler_name: str,
+) -> None:
+    (group,), pods = children(nodes=2, accelerator=GPU, scheduling={"gang": gang_spec})
+    assert (group["apiVersion"], group["kind"], group["spec"]) == (api_version, "PodGroup", spec)
+    where, key = member_of
+    for pod in pods:
+        assert pod["metadata"][where][key] == "bar"
+        assert pod["spec"]["schedulerName"] == scheduler_name
+        assert "schedulingGroup" not in pod["spec"]
+        validate_strict(pod)
+
+
+def test_the_templates_scheduler_name_wins() -> None:
+    _, pods = children(
+        nodes=2,
+        scheduling={"gang": {"scheduler": "volcano"}},
+        template={"schedulerName": "volcano-gpu", "annotations": {"a": "b"}},
+    )
+    assert pods[0]["spec"]["schedulerName"] == "volcano-gpu"
+    assert pods[0]["metadata"]["annotations"] == {"a": "b", "scheduling.k8s.io/group-name": "bar"}
+
+
+def test_volcano_group_carries_the_priority_class() -> None:
+    (group,), _ = children(
+        nodes=2,
+        scheduling={"gang": {"scheduler": "volcano"}},
+        template={"priorityClassName": "high"},
+    )
+    assert group["spec"]["priorityClassName"] == "high"
+
+
+@pytest.mark.parametrize(
+    ("spec", "size"),
+    [
+        ({"nodes": 4}, 4),
+        ({"nodes": 4, "scheduling": {"gang": {"minMember": 2}}}, 2),
+        ({"nodes": 3, "nprocPerNode": 1, "elastic": {"minNodes": 2, "maxNodes": 4}}, 2),
+    ],
+    ids=["nodes", "minMember", "elastic minNodes"],
+)
+def test_gang_size(spec: dict[str, Any], size: int) -> None:
+    spec = {"scheduling": {"gang": {}}, **spec}
+    assert gang.min_member(make_job(**spec)) == size
+
+
+def test_unschedulable_gang_is_named_in_status() -> None:
+    job = make_job(nodes=3, accelerator=GPU, scheduling={"gang": {}})
+    waiting = "pod group is unschedulable, waiting for minCount pods from a gang to be scheduled"
+    pods = [
+        PodView(name=f"bar-worker-{i}", index=i, attempt=0, phase="Pending", unschedulable=waiting)
+        for i in range(3)
+    ]
+    running = job.model_copy(update={"status": JobStatus(phase="Pending")})
+    decision = decide(running, pods, NOW)
+    (condition,) = [c for c in decision.status.conditions if c.type == "Schedulable"]
+    assert (condition.status, condition.reason) == ("False", "Unschedulable")
+    assert condition.message == f"PodGroup bar (3 of 3 workers together): bar-worker-0: {waiting}"
+
+
+def test_not_served_says_what_to_install() -> None:
+    job = make_job(nodes=2, scheduling={"gang": {"scheduler": "volcano"}})
+    assert gang.not_served(job).startswith(
+        "scheduling.gang.scheduler volcano needs PodGroup scheduling.volcano.sh/v1beta1, which "
+        "this cluster does not serve: it needs Volcano"
+    )
