@@ -2,7 +2,8 @@
 
 It speaks HTTP on 127.0.0.1 (aiohttp's test server), records every request, and answers the
 few calls the operator makes: POST creates (echoing the object), DELETE deletes, PATCH of a
-job's status merges into the job it holds and bumps its resourceVersion. A test scripts other
+job's status merges into the job it holds and bumps its resourceVersion, PATCH of a job merges
+into its spec, GET returns what a test put in `objects`. A test scripts other
 answers (a 422, a 401, a 500) by method and path. This is no Kubernetes: what needs the real
 API server's behaviour (schemas, RBAC, watches) is the cluster tier's.
 """
@@ -44,6 +45,7 @@ class Answer:
 @dataclass
 class FakeApi:
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # by job path
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)  # other GETs, by path
     calls: list[Call] = field(default_factory=list)
     answers: list[Answer] = field(default_factory=list)
     url: str = ""
@@ -83,6 +85,12 @@ class FakeApi:
             return web.json_response({"kind": "Status", "status": "Success"})
         if call.method == "PATCH" and call.path.endswith("/status"):
             return self._patch_status(call.path.removesuffix("/status"), body)
+        if call.method == "PATCH" and call.path in self.jobs:
+            job = self.jobs[call.path]
+            job["spec"] = _merge(job["spec"], body.get("spec") or {})
+            return web.json_response(job)
+        if call.method == "GET" and call.path in self.objects:
+            return web.json_response(self.objects[call.path])
         return web.json_response({"message": "not served by the fake"}, status=404)
 
     def _patch_status(self, path: str, patch: dict[str, Any]) -> web.Response:

@@ -11,8 +11,11 @@ import pytest
 from kube_ddp import gang
 from kube_ddp.api import JobStatus
 from kube_ddp.builders import build_children
+from kube_ddp.controller import Controller
 from kube_ddp.status import PodView, decide
+from tests.unit.fake_api import FakeApi
 from tests.unit.support import make_job, validate_strict
+from tests.unit.test_controller import KEY, job_body, run, start, written_statuses
 
 GPU = {"type": "nvidia", "perNode": 8}
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -136,3 +139,17 @@ def test_not_served_says_what_to_install() -> None:
         "scheduling.gang.scheduler volcano needs PodGroup scheduling.volcano.sh/v1beta1, which "
         "this cluster does not serve: it needs Volcano"
     )
+
+
+def test_a_cluster_without_the_pod_group_kind_fails_the_job_saying_what_it_needs() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body(scheduling={"gang": {}}))
+        fake.answer("POST", "/podgroups$", 404, "the server could not find the requested resource")
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    assert not fake.made("POST", "/pods")  # no worker without its gang
+    (written,) = written_statuses(fake)
+    assert written["phase"] == "Failed"
+    message = written["conditions"][0]["message"]
+    assert message == "Invalid spec: " + gang.not_served(make_job(nodes=2, scheduling={"gang": {}}))

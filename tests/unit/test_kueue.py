@@ -1,0 +1,298 @@
+"""Kueue's contract for external kinds (kube_ddp.kueue): the Workload, reading an admission,
+`plan` as a table, and the shell carrying it out against a fake API server."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from kube_ddp import kueue
+from kube_ddp.api import DDPTrainingJob, JobStatus, load_job
+from kube_ddp.builders import BuildSettings, build_worker_pod, job_labels
+from kube_ddp.controller import Controller
+from kube_ddp.kube import kueue_cluster_path, workload_path
+from kube_ddp.reasons import Reason
+from kube_ddp.status import decide
+from tests.unit.fake_api import FakeApi
+from tests.unit.support import job_document
+from tests.unit.test_controller import KEY, UID, job_body, run, start, written_statuses
+
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+GAUDI = {"nodes": 2, "accelerator": {"type": "gaudi", "perNode": 8}}
+
+
+def queued_job(
+    spec: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+    status: dict[str, Any] | None = None,
+) -> DDPTrainingJob:
+    document = job_document(spec or {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}})
+    document["metadata"] |= {"uid": UID, "labels": {kueue.QUEUE_LABEL: "lq", **(labels or {})}}
+    if status:
+        document["status"] = status
+    return load_job(document)
+
+
+def workload_for(job: DDPTrainingJob, priority: int | None = None) -> dict[str, Any]:
+    pod = build_worker_pod(job, 0, 0, BuildSettings())
+    workload = kueue.build_workload(job, pod, job_labels(job), priority)
+    workload["metadata"]["resourceVersion"] = "7"
+    return workload
+
+
+def condition(type_: str, status: str, reason: str = "R", message: str = "") -> dict[str, Any]:
+    return {"type": type_, "status": status, "reason": reason, "message": message}
+
+
+def with_status(workload: dict[str, Any], **status: Any) -> dict[str, Any]:
+    return {**copy.deepcopy(workload), "status": status}
+
+
+ADMISSION = {
+    "clusterQueue": "cq",
+    "podSetAssignments": [
+        {"name": "worker", "count": 2, "flavors": {"cpu": "nvidia", "nvidia.com/gpu": "nvidia"}}
+    ],
+}
+NVIDIA_FLAVOR = {
+    "spec": {
+        "nodeLabels": {"kubeddp.io/accelerator": "nvidia"},
+        "tolerations": [
+            {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+        ],
+    }
+}
+
+
+# --- the Workload -------------------------------------------------------------------------
+
+
+def test_workload_describes_the_pod_set_with_accelerator_and_hugepages() -> None:
+    job = queued_job(GAUDI, labels={kueue.PRIORITY_CLASS_LABEL: "production"})
+    workload = workload_for(job, priority=1000)
+    assert workload["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+    assert workload["metadata"]["name"] == kueue.workload_name(job)
+    assert workload["metadata"]["name"].startswith("ddptrainingjob-bar-")
+    assert workload["metadata"]["labels"][kueue.JOB_UID_LABEL] == UID
+    spec = workload["spec"]
+    assert spec["queueName"] == "lq"
+    assert spec["priorityClassRef"] == {
+        "group": "kueue.x-k8s.io",
+        "kind": "WorkloadPriorityClass",
+        "name": "production",
+    }
+    assert spec["priority"] == 1000
+    (pod_set,) = spec["podSets"]
+    assert (pod_set["name"], pod_set["count"]) == ("worker", 2)
+    requests = pod_set["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert requests == {"habana.ai/gaudi": 8, "hugepages-2Mi": "9500Mi", "memory": "32Gi"}
+    assert "hostname" not in pod_set["template"]["spec"]
+
+
+def test_workload_name_changes_with_the_job_uid() -> None:
+    job = queued_job()
+    other = job.model_copy(update={"metadata": job.metadata.model_copy(update={"uid": "uid-2"})})
+    assert kueue.workload_name(job) != kueue.workload_name(other)
+
+
+def test_admitted_template_is_the_users_plus_the_flavors() -> None:
+    job = queued_job(
+        {
+            "nodes": 2,
+            "template": {
+                "nodeSelector": {"zone": "a"},
+                "tolerations": [{"key": "x", "operator": "Exists"}],
+            },
+        }
+    )
+    workload = with_status(workload_for(job), admission=ADMISSION)
+    wanted = kueue.admitted_template(workload, {"nvidia": NVIDIA_FLAVOR})
+    assert wanted == {
+        "nodeSelector": {"zone": "a", "kubeddp.io/accelerator": "nvidia"},
+        "tolerations": [
+            {"key": "x", "operator": "Exists"},
+            *NVIDIA_FLAVOR["spec"]["tolerations"],
+        ],
+    }
+
+
+def test_admission_check_updates_are_merged() -> None:
+    job = queued_job()
+    checks = [{"name": "prov", "podSetUpdates": [{"name": "worker", "nodeSelector": {"r": "1"}}]}]
+    workload = with_status(workload_for(job), admission=ADMISSION, admissionChecks=checks)
+    wanted = kueue.admitted_template(workload, {"nvidia": {"spec": {}}})
+    assert wanted["nodeSelector"] == {"r": "1"}
+
+
+# --- plan ---------------------------------------------------------------------------------
+
+ADMITTED = [condition("QuotaReserved", "True"), condition("Admitted", "True")]
+
+
+def test_unlabelled_job_is_left_alone() -> None:
+    job = load_job(job_document({"nodes": 2}))
+    assert kueue.plan(job, None, {}, False, NOW) == kueue.Step()
+
+
+def test_a_new_queued_job_is_suspended_and_gets_a_workload() -> None:
+    step = kueue.plan(queued_job(), None, {}, False, NOW)
+    assert step.create_workload
+    assert step.job_patch == {"spec": {"runPolicy": {"suspend": True}}}
+    assert step.suspended is not None
+    assert step.suspended[0] == Reason.QUEUED
+    assert step.suspended[1].startswith("Queued in LocalQueue lq")
+
+
+def test_pending_workload_keeps_the_job_suspended_with_kueues_words() -> None:
+    job = queued_job(spec={"nodes": 2, "runPolicy": {"suspend": True}})
+    pending = condition("QuotaReserved", "False", "Pending", "insufficient unused quota")
+    step = kueue.plan(job, with_status(workload_for(job), conditions=[pending]), {}, False, NOW)
+    assert step.job_patch is None and not step.create_workload
+    assert step.suspended == (Reason.QUEUED, "Queued in LocalQueue lq: insufficient unused quota")
+
+
+def test_a_running_job_whose_workload_is_not_admitted_is_suspended() -> None:
+    job = queued_job()
+    step = kueue.plan(job, with_status(workload_for(job), conditions=[]), {}, True, NOW)
+    assert step.job_patch == {"spec": {"runPolicy": {"suspend": True}}}
+
+
+def test_admission_unsuspends_with_the_flavors_selectors() -> None:
+    job = queued_job(
+        spec={
+            "nodes": 2,
+            "runPolicy": {"suspend": True},
+            "template": {"nodeSelector": {"old": "x"}},
+        }
+    )
+    workload = workload_for(job)
+    # The Workload kept the template from before any admission: {"old": "x"} was the user's.
+    workload["metadata"]["annotations"][kueue.TEMPLATE_ANNOTATION] = json.dumps(
+        {"nodeSelector": {}, "tolerations": []}
+    )
+    admitted = with_status(workload, admission=ADMISSION, conditions=ADMITTED)
+    step = kueue.plan(job, admitted, {"nvidia": NVIDIA_FLAVOR}, False, NOW)
+    assert step.job_patch == {
+        "spec": {
+            "runPolicy": {"suspend": False},
+            "template": {
+                # a former admission's key goes, this one's comes
+                "nodeSelector": {"old": None, "kubeddp.io/accelerator": "nvidia"},
+                "tolerations": NVIDIA_FLAVOR["spec"]["tolerations"],
+            },
+        }
+    }
+    assert step.suspended is None
+
+
+def test_an_admitted_running_job_is_left_running() -> None:
+    job = queued_job()
+    admitted = with_status(workload_for(job), admission=ADMISSION, conditions=ADMITTED)
+    assert kueue.plan(job, admitted, {}, True, NOW) == kueue.Step()
+
+
+@pytest.mark.parametrize(
+    ("why", "reason", "requeued"),
+    [
+        ("Preempted", Reason.PREEMPTED, "True"),
+        ("NodeFailures", Reason.EVICTED, "True"),
+        ("Deactivated", Reason.EVICTED, "False"),
+    ],
+)
+def test_eviction_suspends_then_gives_the_quota_back(why: str, reason: str, requeued: str) -> None:
+    job = queued_job()
+    evicted = condition("Evicted", "True", why, "for a higher priority workload")
+    workload = with_status(workload_for(job), admission=ADMISSION, conditions=[*ADMITTED, evicted])
+    first = kueue.plan(job, workload, {}, True, NOW)
+    assert first.job_patch == {"spec": {"runPolicy": {"suspend": True}}}
+    assert first.workload_status is None  # its pods still run
+    assert first.suspended == (
+        reason,
+        f"Kueue evicted the Workload ({why}): for a higher priority workload",
+    )
+
+    suspended = queued_job(spec={"nodes": 2, "runPolicy": {"suspend": True}})
+    still_running = kueue.plan(suspended, workload, {}, True, NOW)
+    assert still_running.workload_status is None
+    released = kueue.plan(suspended, workload, {}, False, NOW).workload_status
+    assert released is not None
+    assert released["metadata"] == {"resourceVersion": "7"}  # a 409 if Kueue wrote meanwhile
+    assert released["status"]["admission"] is None
+    after = {c["type"]: (c["status"], c["reason"]) for c in released["status"]["conditions"]}
+    assert after == {
+        "QuotaReserved": ("False", "Pending"),
+        "Admitted": ("False", "NoReservation"),
+        "Evicted": ("True", why),
+        "Requeued": (requeued, why),
+    }
+
+
+def test_an_ended_job_finishes_its_workload_once() -> None:
+    job = queued_job(status={"phase": "Succeeded"})
+    workload = with_status(workload_for(job), admission=ADMISSION, conditions=ADMITTED)
+    step = kueue.plan(job, workload, {}, False, NOW)
+    assert step.workload_status is not None
+    finished = [c for c in step.workload_status["status"]["conditions"] if c["type"] == "Finished"]
+    assert [(c["status"], c["reason"]) for c in finished] == [("True", "Succeeded")]
+    done = with_status(workload, conditions=step.workload_status["status"]["conditions"])
+    assert kueue.plan(job, done, {}, False, NOW) == kueue.Step()
+
+
+def test_a_queue_suspension_is_the_jobs_suspended_condition() -> None:
+    job = queued_job(spec={"nodes": 2, "runPolicy": {"suspend": True}})
+    decision = decide(job, [], NOW, suspended_by=(Reason.QUEUED, "Queued in LocalQueue lq: x"))
+    assert decision.status.phase == "Suspended"
+    (suspended,) = [c for c in decision.status.conditions if c.type == "Suspended"]
+    assert (suspended.reason, suspended.message) == (Reason.QUEUED, "Queued in LocalQueue lq: x")
+    assert decision.actions == ()
+
+
+# --- the shell ----------------------------------------------------------------------------
+
+
+def queued_body(**spec: Any) -> dict[str, Any]:
+    body = job_body(**spec)
+    body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "lq"}
+    return body
+
+
+def test_shell_suspends_a_new_queued_job_and_creates_its_workload() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, queued_body())
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    (patch,) = [c for c in fake.made("PATCH") if not c.path.endswith("/status")]
+    assert patch.body == {"spec": {"runPolicy": {"suspend": True}}}
+    (created,) = fake.made("POST", "/workloads")
+    owner = created.body["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("DDPTrainingJob", UID, True)
+    assert not fake.made("POST", "/pods")  # suspended before any pod exists
+    (written,) = written_statuses(fake)
+    assert written["phase"] == "Suspended"
+    assert written["conditions"][0]["reason"] == Reason.QUEUED
+
+
+def test_shell_applies_an_admission_and_starts_the_workers() -> None:
+    body = queued_body(runPolicy={"suspend": True})
+    job = load_job(body)
+    workload = with_status(workload_for(job), admission=ADMISSION, conditions=ADMITTED)
+    fake = FakeApi()
+    fake.objects[workload_path("ns1", kueue.workload_name(job))] = workload
+    fake.objects[kueue_cluster_path(kueue.RESOURCE_FLAVORS, "nvidia")] = NVIDIA_FLAVOR
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, body)
+        await controller.reconcile(KEY)
+
+    run(scenario, fake)
+    pods = [c.body for c in fake.made("POST", "/pods")]
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod["spec"]["nodeSelector"] == {"kubeddp.io/accelerator": "nvidia"}
+        assert NVIDIA_FLAVOR["spec"]["tolerations"][0] in pod["spec"]["tolerations"]
+    assert JobStatus.model_validate(written_statuses(fake)[-1]).phase == "Pending"
