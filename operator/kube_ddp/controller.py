@@ -203,8 +203,11 @@ class Controller:
         index = self.mpi_pods if job.spec.launcher == "mpi" else self.pods
         pods = list(index.get(key, [])) if index is not None else []
         expected = self.expectations.pending(key, asyncio.get_running_loop().time())
-        body, job, suspended_by = await self._queue(key, body, job, pods)
-        decision = decide(job, pods, now, expected, self.mpijobs.get(key), suspended_by)
+        body, job, queued = await self._queue(key, body, job, pods)
+        if queued.refused is not None:
+            await self._apply(key, body, status, reject(status, [queued.refused], now))
+            return
+        decision = decide(job, pods, now, expected, self.mpijobs.get(key), queued.suspended)
         try:
             for action in decision.actions:
                 await self._act(key, body, job, action)
@@ -220,11 +223,13 @@ class Controller:
 
     async def _queue(
         self, key: Key, body: dict[str, Any], job: DDPTrainingJob, pods: list[PodView]
-    ) -> tuple[dict[str, Any], DDPTrainingJob, tuple[str, str] | None]:
-        """Kueue's contract for a job labelled with a queue (`kueue.plan` decides); the job as
-        it is afterwards, and why a queue holds it suspended."""
+    ) -> tuple[dict[str, Any], DDPTrainingJob, kueue.Step]:
+        """Kueue's contract for a job labelled with a queue (`kueue.plan` decides): the job as
+        it is afterwards, and the step taken (why a queue holds the job suspended)."""
         if kueue.queue_name(job) is None:
-            return body, job, None
+            return body, job, kueue.Step()
+        if (refused := kueue.refusal(job)) is not None:
+            return body, job, kueue.Step(refused=refused)
         workload = await self.kube.get(workload_path(job.namespace, kueue.workload_name(job)))
         flavors = {}
         if kueue.is_admitted(workload) and job.spec.run_policy.suspend:
@@ -251,7 +256,7 @@ class Controller:
             await self.kube.patch(
                 workload_path(job.namespace, name) + "/status", step.workload_status
             )
-        return body, job, step.suspended
+        return body, job, step
 
     async def reconcile_or_retry(self, key: Key) -> None:
         """Reconcile; on an error, log it, count it and try again with a growing delay."""

@@ -54,12 +54,25 @@ JOB_UID_LABEL: Final = f"{GROUP}/job-uid"
 EXTERNAL_FRAMEWORK: Final = f"{names.KIND}.{names.VERSION}.{names.GROUP}"
 POD_SET: Final = "worker"
 TEMPLATE_ANNOTATION: Final = f"{names.GROUP}/template-before-admission"
+# launcher mpi: with DDPTrainingJob an external framework, Kueue's own MPIJob integration sees
+# our MPIJob as a child (FindAncestorJobManagedByKueue) and only holds it suspended until the
+# job's Workload is admitted; a Workload with the launcher's and workers' pod sets, and
+# suspend carried through to the MPIJob, belong to the MPI path (builders.build_mpijob).
+MPI_NOT_QUEUED = (
+    f"the label {QUEUE_LABEL} is not supported with launcher mpi yet: remove the label, or use "
+    "launcher torchrun"
+)
 # Eviction reasons after which Kueue requeues the Workload at once (reconciler.go, step 6).
 REQUEUED_AFTER: Final = frozenset({"Preempted", "NodeFailures"})
 
 
 def queue_name(job: DDPTrainingJob) -> str | None:
     return job.metadata.labels.get(QUEUE_LABEL) or None
+
+
+def refusal(job: DDPTrainingJob) -> str | None:
+    """Why a queued job cannot be held to the contract, or None."""
+    return MPI_NOT_QUEUED if job.spec.launcher == "mpi" else None
 
 
 def priority_class(job: DDPTrainingJob) -> str | None:
@@ -203,6 +216,7 @@ class Step:
     workload_status: Obj | None = None  # a merge patch of the Workload, on /status
     # Why the job is suspended, for its Suspended condition: (reason, message).
     suspended: tuple[str, str] | None = None
+    refused: str | None = None  # the job cannot be queued: why (it fails, InvalidSpec)
 
 
 def _condition(type_: str, status: str, reason: str, message: str, now: datetime) -> Obj:
@@ -247,6 +261,8 @@ def plan(
     queue = queue_name(job)
     if queue is None:
         return Step()
+    if (refused := refusal(job)) is not None:
+        return Step(refused=refused)
     suspended = job.spec.run_policy.suspend
     phase = job.status.phase if job.status is not None else None
     if phase in ("Succeeded", "Failed"):

@@ -296,3 +296,15 @@ def test_shell_applies_an_admission_and_starts_the_workers() -> None:
         assert pod["spec"]["nodeSelector"] == {"kubeddp.io/accelerator": "nvidia"}
         assert NVIDIA_FLAVOR["spec"]["tolerations"][0] in pod["spec"]["tolerations"]
     assert JobStatus.model_validate(written_statuses(fake)[-1]).phase == "Pending"
+
+
+def test_shell_refuses_a_queued_mpi_job_without_creating_anything() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, queued_body(launcher="mpi"))
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    assert not fake.made("POST", "/workloads") and not fake.made("POST", "/mpijobs")
+    (written,) = written_statuses(fake)
+    assert written["phase"] == "Failed"
+    assert written["conditions"][0]["message"] == f"Invalid spec: {kueue.MPI_NOT_QUEUED}"
