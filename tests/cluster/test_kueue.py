@@ -49,8 +49,8 @@ def queued(kueue_running: None, cluster: Cluster, namespace: str) -> str:
     return LOCAL_QUEUE
 
 
-def queued_job(name: str, queue: str, priority: str | None = None) -> dict[str, Any]:
-    manifest = job_manifest(name, **GPU_2X8)
+def queued_job(name: str, queue: str, priority: str | None = None, **spec: Any) -> dict[str, Any]:
+    manifest = job_manifest(name, **GPU_2X8, **spec)
     manifest["metadata"]["labels"] = {kueue.QUEUE_LABEL: queue}
     if priority:
         manifest["metadata"]["labels"][kueue.PRIORITY_CLASS_LABEL] = priority
@@ -80,10 +80,12 @@ def wait_suspended(jobs: Jobs, name: str, reason: str) -> dict[str, Any]:
 
 
 def test_second_job_waits_for_the_quota(queued: str, jobs: Jobs, operator: OperatorProcess) -> None:
-    jobs.create(queued_job("first", queued))
+    # A gang too: Kueue's quota first, then kube-scheduler places both workers or neither.
+    jobs.create(queued_job("first", queued, scheduling={"gang": {}}))
     pods = jobs.wait_pods("first", 2, timeout=60)
     for pod in pods:  # the admitted flavor's node labels, merged into the pods' selector
         assert pod.spec.node_selector == {"kubeddp.io/accelerator": "nvidia"}
+        assert pod.spec.scheduling_group.pod_group_name == "first"
     assert jobs.get("first")["spec"]["runPolicy"]["suspend"] is False
     workload = workload_of(jobs, "first")
     assert workload["metadata"]["ownerReferences"][0]["name"] == "first"
