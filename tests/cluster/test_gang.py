@@ -27,9 +27,19 @@ def schedulable(jobs: Jobs, name: str) -> dict[str, str] | None:
     return conditions.get("Schedulable")
 
 
-def test_a_gang_that_does_not_fit_places_no_worker(jobs: Jobs, operator: OperatorProcess) -> None:
+def gpu_nodes_free(cluster: Cluster) -> bool:
+    """No pod of an earlier test (its namespace is deleted in the background) holds a GPU."""
+    active = "status.phase!=Succeeded,status.phase!=Failed"
+    pods = cluster.core.list_pod_for_all_namespaces(field_selector=active).items
+    return not [p for p in pods if (p.spec.node_name or "").startswith("gpu-node-")]
+
+
+def test_a_gang_that_does_not_fit_places_no_worker(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
     """Three workers of 8 GPUs, room for two: without a gang two would start and hold 16 GPUs
     while waiting for the third; with one, none is bound."""
+    wait_for(lambda: gpu_nodes_free(cluster), "the GPU nodes free of earlier tests' pods", 60)
     jobs.create(job_manifest("big", nodes=3, accelerator=GPU, scheduling={"gang": {}}))
 
     def says_so() -> dict[str, str] | None:
