@@ -56,8 +56,8 @@ POD_SET: Final = "worker"
 TEMPLATE_ANNOTATION: Final = f"{names.GROUP}/template-before-admission"
 # launcher mpi: with DDPTrainingJob an external framework, Kueue's own MPIJob integration sees
 # our MPIJob as a child (FindAncestorJobManagedByKueue) and only holds it suspended until the
-# job's Workload is admitted; a Workload with the launcher's and workers' pod sets, and
-# suspend carried through to the MPIJob, belong to the MPI path (builders.build_mpijob).
+# job's Workload is admitted. It needs a Workload with the launcher's and the workers' pod sets
+# and the admitted flavors in both MPIJob templates (builders.build_mpijob): not done yet.
 MPI_NOT_QUEUED = (
     f"the label {QUEUE_LABEL} is not supported with launcher mpi yet: remove the label, or use "
     "launcher torchrun"
