@@ -250,7 +250,12 @@ class Controller:
             worker = gang.join(job, build_worker_pod(job, 0, 0, self.build_settings))
             created = kueue.build_workload(job, worker, job_labels(job), priority)
             kopf.adopt(created, owner=kopf.Body(cast(kopf.RawBody, body)))
-            await self.kube.create(created)
+            try:
+                await self.kube.create(created)
+            except NotFoundError:  # the kind is not served (a namespace gone takes the job too)
+                return body, job, kueue.Step(refused=kueue.NOT_SERVED)
+            except RefusedError as error:  # Kueue's webhook, say: no such priority class
+                return body, job, kueue.Step(refused=error.message)
         if step.workload_status is not None and workload is not None:
             name = workload["metadata"]["name"]
             await self.kube.patch(

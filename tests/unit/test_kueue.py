@@ -308,3 +308,16 @@ def test_shell_refuses_a_queued_mpi_job_without_creating_anything() -> None:
     (written,) = written_statuses(fake)
     assert written["phase"] == "Failed"
     assert written["conditions"][0]["message"] == f"Invalid spec: {kueue.MPI_NOT_QUEUED}"
+
+
+def test_shell_fails_a_queued_job_where_kueue_is_not_installed() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, queued_body())
+        fake.answer("POST", "/workloads$", 404, "the server could not find the requested resource")
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    assert not fake.made("POST", "/pods")
+    (written,) = written_statuses(fake)
+    assert written["phase"] == "Failed"
+    assert written["conditions"][0]["message"] == f"Invalid spec: {kueue.NOT_SERVED}"
