@@ -15,7 +15,7 @@ docs/dev-cluster.md describe it.
 | packages | Debian packages, installed with apt-get when a tool is missing |
 | mpioperator | the Kubeflow MPI Operator, run against the cluster |
 | kueue | Kueue, run out of cluster for the tests of kube-ddp's Kueue contract |
-| cli | `hack/dev-cluster.py build|up|down|status|mpi-operator|tool` |
+| cli | `hack/dev-cluster.py build|up|down|status|mpi-operator|kueue|tool` |
 
 What tests and benchmarks use is re-exported here.
 """

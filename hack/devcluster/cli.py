@@ -1,4 +1,4 @@
-"""`hack/dev-cluster.py build|up|down|status|mpi-operator|tool`: the command line."""
+"""`hack/dev-cluster.py build|up|down|status|mpi-operator|kueue|tool`: the command line."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import devcluster
-from devcluster import controlplane, mpioperator, node
+from devcluster import controlplane, kueue, mpioperator, node
 from devcluster.build import BUILDS, build_all, built
 from devcluster.paths import KUBECONFIG, STATE_DIR, BuildError, ClusterError, log
 from devcluster.processes import is_alive
@@ -50,6 +50,21 @@ def cmd_mpi_operator(_: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with mpioperator.running():
         print(f"MPI Operator running; its log: {mpioperator.LOG}; ^C stops it")
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+    return 0
+
+
+def cmd_kueue(_: argparse.Namespace) -> int:
+    """Run Kueue against the running cluster until ^C, then take it all away again."""
+    state = controlplane.running_state()
+    if not state:
+        raise ClusterError("the cluster is not running: `hack/dev-cluster.py up` first")
+    # ^C or SIGTERM (also when started in the background, where SIGINT comes ignored).
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, signal.default_int_handler)
+    with kueue.running(state):
+        print(f"Kueue running; its log: {kueue.LOG}; ^C stops and removes it", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
     return 0
@@ -103,6 +118,7 @@ def main() -> int:
         ("down", cmd_down, "stop the processes `up` started"),
         ("status", cmd_status, "say what runs"),
         ("mpi-operator", cmd_mpi_operator, "run the Kubeflow MPI Operator here until ^C"),
+        ("kueue", cmd_kueue, "run Kueue (its CRDs and webhooks) here until ^C"),
     ):
         commands.add_parser(name, help=help_text).set_defaults(func=func)
     tool = commands.add_parser("tool", help="run a pinned tool: tool NAME [ARGS...]")

@@ -34,6 +34,7 @@ from devcluster.pki import new_certificate
 from devcluster.processes import Component, is_healthy, spawn_to, stop_component, wait_until
 
 NAMESPACE = "kueue-system"
+LOG = LOGS / "kueue.log"
 EXTERNAL_FRAMEWORK = "DDPTrainingJob.v1alpha1.kubeddp.io"
 # Kueue's own kinds: the only webhooks registered (paths of config/components/webhook).
 OWN_HOOKS = "kueue-x-k8s-io"
@@ -90,7 +91,17 @@ def _apply_crds(bin_dir: Path) -> None:
     files = [bin_dir / f"kueue.x-k8s.io_{crd}.yaml" for crd in KUEUE_CRDS]
     kubectl("apply", "--server-side", "--force-conflicts", *(f"--filename={f}" for f in files))
     names = [f"crd/{crd}.kueue.x-k8s.io" for crd in KUEUE_CRDS]
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+
+    # Polled: `kubectl wait` can fail outright while a new CRD has no conditions yet.
+    def established() -> bool:
+        listed = json.loads(kubectl("get", *names, "--output=json"))
+        return all(
+            any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+            for crd in listed["items"]
+            for conditions in [crd.get("status", {}).get("conditions") or []]
+        )
+
+    wait_until("Kueue's CRDs to be established", established, 60, {})
 
 
 def _remove(bin_dir: Path) -> None:
@@ -144,7 +155,7 @@ def running(state: State) -> Iterator[Component]:
     component: Component | None = None
     try:
         _apply_crds(bin_dir)
-        process = spawn_to(LOGS / "kueue.log", argv)
+        process = spawn_to(LOG, argv)
         component = {"name": "kueue", "pid": process.pid, "argv": command}
         check = functools.partial(is_healthy, f"http://127.0.0.1:{ports['health']}/readyz")
         wait_until("kueue /readyz", check, 90, {"kueue": process})

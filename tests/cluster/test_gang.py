@@ -99,8 +99,16 @@ def gang_crds(cluster: Cluster) -> Iterator[None]:
     for file in files:
         cluster.kubectl("apply", "--server-side", f"--filename={file}")
     names = [yaml.safe_load(Path(f).read_text())["metadata"]["name"] for f in files]
-    for name in names:
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s", f"crd/{name}")
+
+    def established() -> bool:  # polled: `kubectl wait` fails on a CRD without conditions yet
+        listed = json.loads(cluster.kubectl("get", *(f"crd/{n}" for n in names), "-o=json").stdout)
+        return all(
+            any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+            for crd in listed["items"]
+            for conditions in [crd.get("status", {}).get("conditions") or []]
+        )
+
+    wait_for(established, "the PodGroup CRDs to be established")
     yield
     for name in names:
         cluster.kubectl("delete", f"crd/{name}", "--ignore-not-found")
