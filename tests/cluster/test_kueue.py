@@ -35,6 +35,12 @@ def kueue_running(cluster: Cluster) -> Iterator[None]:
     dev_cluster = load_dev_cluster()
     if os.geteuid() != 0 and not IN_CI:  # in CI, running() fails loudly instead
         pytest.skip("Kueue out of cluster needs root (a private mount namespace for its certs)")
+    try:
+        dev_cluster.built("kueue")  # built before the first test, unless that failed
+    except dev_cluster.BuildError as error:
+        if not IN_CI:
+            pytest.skip(f"Kueue could not be built: {error}")
+        raise
     with dev_cluster.kueue.running(dev_cluster.running_state()):
         # Kueue's webhooks check these objects as they are created: the example is valid.
         cluster.kubectl("apply", f"--filename={QUEUES}", "--namespace=default")
