@@ -17,7 +17,8 @@ it. The operator does the job framework's part, and `plan` decides it:
    job (the pods are removed; no restart is counted) and, once no pod is active, gives the
    quota back on the Workload's status (`admission: null`, `QuotaReserved=False`,
    `Admitted=False`, `Requeued`), as Kueue does for its own kinds;
-5. a running job whose Workload is not admitted is suspended;
+5. a running job whose Workload is not admitted is suspended; once all its workers run, the
+   Workload gets `PodsReady=True` (which Kueue's `waitForPodsReady` waits for);
 6. when the job ends, its Workload is `Finished` (`Succeeded` or `Failed`).
 
 The selectors of a former admission are replaced, not added to: the template the user wrote is
@@ -300,7 +301,13 @@ def plan(
         return Step(job_patch=suspend, workload_status=release, suspended=(reason, message))
     if is_admitted(workload):
         if not suspended:
-            return Step()
+            ready = conditions(workload).get("PodsReady") or {}
+            if phase != "Running" or ready.get("status") == "True":
+                return Step()
+            # Kueue's waitForPodsReady, where enabled, evicts a Workload that never says so.
+            started = _condition("PodsReady", "True", "Started", "All workers are running", now)
+            status = {"conditions": _with_conditions(workload, [started])}
+            return Step(workload_status=_status_patch(workload, status))
         wanted = admitted_template(workload, flavors)
         template = _template_patch(job, wanted)
         return Step(job_patch={"spec": {"runPolicy": {"suspend": False}, "template": template}})

@@ -101,6 +101,12 @@ def test_second_job_waits_for_the_quota(queued: str, jobs: Jobs, operator: Opera
     assert requests["nvidia.com/gpu"] in (8, "8")
     jobs.wait_phase("first", "Running")
 
+    def pods_ready() -> bool:
+        ready = kueue.conditions(workload_of(jobs, "first")).get("PodsReady") or {}
+        return ready.get("status") == "True"
+
+    wait_for(pods_ready, "PodsReady=True on first's Workload")
+
     jobs.create(queued_job("second", queued))
     waiting = wait_suspended(jobs, "second", "Queued")
     assert waiting["message"].startswith(f"Queued in LocalQueue {queued}: ")

@@ -189,10 +189,21 @@ def test_admission_unsuspends_with_the_flavors_selectors() -> None:
     assert step.suspended is None
 
 
-def test_an_admitted_running_job_is_left_running() -> None:
-    job = queued_job()
+def test_an_admitted_starting_job_is_left_alone() -> None:
+    job = queued_job(status={"phase": "Starting"})
     admitted = with_status(workload_for(job), admission=ADMISSION, conditions=ADMITTED)
     assert kueue.plan(job, admitted, {}, True, NOW) == kueue.Step()
+
+
+def test_a_running_job_says_its_pods_are_ready_once() -> None:
+    job = queued_job(status={"phase": "Running"})
+    admitted = with_status(workload_for(job), admission=ADMISSION, conditions=ADMITTED)
+    step = kueue.plan(job, admitted, {}, True, NOW)
+    assert step.workload_status is not None and step.job_patch is None
+    ready = {c["type"]: c for c in step.workload_status["status"]["conditions"]}["PodsReady"]
+    assert (ready["status"], ready["reason"]) == ("True", "Started")
+    done = with_status(admitted, conditions=step.workload_status["status"]["conditions"])
+    assert kueue.plan(job, done, {}, True, NOW) == kueue.Step()
 
 
 @pytest.mark.parametrize(
