@@ -317,7 +317,9 @@ class PodTemplateOverrides(Model):
     )
     priority_class_name: str | None = Field(None, description="PriorityClass of worker pods.")
     scheduler_name: str | None = Field(
-        None, description="Scheduler for worker pods (e.g. volcano for gang scheduling)."
+        None,
+        description="Scheduler for worker pods; unset: the default scheduler, or the one "
+        "scheduling.gang names (volcano, scheduler-plugins-scheduler).",
     )
     service_account_name: str | None = Field(None, description="ServiceAccount for worker pods.")
     security_context: FreeForm | None = Field(
