@@ -37,7 +37,6 @@ from kube_ddp.kube import (
     NotFoundError,
     RefusedError,
     job_path,
-    kueue_cluster_path,
     workload_path,
 )
 from kube_ddp.status import (
@@ -234,8 +233,7 @@ class Controller:
         flavors = {}
         if kueue.is_admitted(workload) and job.spec.run_policy.suspend:
             for flavor in kueue.assigned_flavors(workload):
-                path = kueue_cluster_path(kueue.RESOURCE_FLAVORS, flavor)
-                flavors[flavor] = await self.kube.get(path) or {}
+                flavors[flavor] = await self.kube.get(kueue.flavor_path(flavor)) or {}
         step = kueue.plan(job, workload, flavors, any(p.active for p in pods), utcnow())
         if step.job_patch is not None:
             updated = await self.kube.patch(job_path(*key), step.job_patch)
@@ -244,9 +242,8 @@ class Controller:
                 body, job = updated, load_job(updated)
         if step.create_workload:
             priority = None
-            if (class_name := kueue.priority_class(job)) is not None:
-                path = kueue_cluster_path(kueue.PRIORITY_CLASSES, class_name)
-                priority = (await self.kube.get(path) or {}).get("value")
+            if (ref := kueue.priority_class(job)) is not None:
+                priority = (await self.kube.get(kueue.priority_class_path(ref)) or {}).get("value")
             worker = gang.join(job, build_worker_pod(job, 0, 0, self.build_settings))
             created = kueue.build_workload(job, worker, job_labels(job), priority)
             kopf.adopt(created, owner=kopf.Body(cast(kopf.RawBody, body)))

@@ -115,11 +115,6 @@ def workload_path(namespace: str, name: str) -> str:
     return f"{collection_path(kueue.API_VERSION, kueue.WORKLOAD_KIND, namespace)}/{name}"
 
 
-def kueue_cluster_path(plural: str, name: str) -> str:
-    """A cluster-scoped Kueue object: a ResourceFlavor, a WorkloadPriorityClass."""
-    return f"/apis/{kueue.API_VERSION}/{plural}/{name}"
-
-
 class Kube:
     """Idempotent verbs over one HTTP session."""
 

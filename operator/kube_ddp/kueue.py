@@ -9,7 +9,7 @@ it. The operator does the job framework's part, and `plan` decides it:
 1. a queued job is suspended (`runPolicy.suspend: true`) before any pod exists;
 2. it gets one Workload, owned by the job: pod set `worker`, `count` = nodes, the worker pod's
    template (its requests are what quota counts: accelerators, hugepages), the priority of the
-   `kueue.x-k8s.io/priority-class` WorkloadPriorityClass;
+   `kueue.x-k8s.io/priority-class` WorkloadPriorityClass, else of the pods' PriorityClass;
 3. when Kueue admits it (`Admitted=True`) the operator merges the assigned ResourceFlavors'
    `nodeLabels` into `spec.template.nodeSelector` and their `tolerations` into
    `spec.template.tolerations` (v1beta2 assignments name flavors only), and unsuspends;
@@ -47,6 +47,7 @@ WORKLOAD_KIND: Final = "Workload"
 WORKLOADS: Final = "workloads"
 RESOURCE_FLAVORS: Final = "resourceflavors"
 PRIORITY_CLASSES: Final = "workloadpriorityclasses"
+POD_PRIORITY_GROUP: Final = "scheduling.k8s.io"
 # The labels Kueue reads on a job (pkg/controller/constants).
 QUEUE_LABEL: Final = f"{GROUP}/queue-name"
 PRIORITY_CLASS_LABEL: Final = f"{GROUP}/priority-class"
@@ -80,8 +81,26 @@ def refusal(job: DDPTrainingJob) -> str | None:
     return MPI_NOT_QUEUED if job.spec.launcher == "mpi" else None
 
 
-def priority_class(job: DDPTrainingJob) -> str | None:
-    return job.metadata.labels.get(PRIORITY_CLASS_LABEL) or None
+def priority_class(job: DDPTrainingJob) -> Obj | None:
+    """The class whose value is the Workload's priority, as Kueue's ExtractPriority picks it:
+    the WorkloadPriorityClass the job's label names, else the pods' PriorityClass."""
+    if name := job.metadata.labels.get(PRIORITY_CLASS_LABEL):
+        return {"group": GROUP, "kind": "WorkloadPriorityClass", "name": name}
+    if name := job.spec.template.priority_class_name:
+        return {"group": POD_PRIORITY_GROUP, "kind": "PriorityClass", "name": name}
+    return None
+
+
+def flavor_path(name: str) -> str:
+    """Where a ResourceFlavor (cluster-scoped) is read."""
+    return f"/apis/{API_VERSION}/{RESOURCE_FLAVORS}/{name}"
+
+
+def priority_class_path(ref: Mapping[str, str]) -> str:
+    """Where the class `priority_class` names is read (both kinds are cluster-scoped)."""
+    if ref["group"] == GROUP:
+        return f"/apis/{API_VERSION}/{PRIORITY_CLASSES}/{ref['name']}"
+    return f"/apis/{POD_PRIORITY_GROUP}/v1/priorityclasses/{ref['name']}"
 
 
 def workload_name(job: DDPTrainingJob) -> str:
@@ -99,7 +118,7 @@ def build_workload(
 ) -> Obj:
     """The job's Workload: one pod set of `nodes` pods shaped like `worker_pod`.
 
-    `priority` is the value of the job's WorkloadPriorityClass (the caller reads it)."""
+    `priority` is the value of the class `priority_class` names (the caller reads it)."""
     pod_spec = {
         key: value
         for key, value in worker_pod["spec"].items()
@@ -120,13 +139,9 @@ def build_workload(
             }
         ],
     }
-    class_name = priority_class(job)
-    if class_name is not None:
-        spec["priorityClassRef"] = {
-            "group": GROUP,
-            "kind": "WorkloadPriorityClass",
-            "name": class_name,
-        }
+    ref = priority_class(job)
+    if ref is not None:
+        spec["priorityClassRef"] = ref
     if priority is not None:
         spec["priority"] = priority
     return {

@@ -175,6 +175,14 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         "WorkloadPriorityClass's value for a new Workload: Controller._queue",
         only_if="rbac.kueue",
     ),
+    Rule(
+        kueue.POD_PRIORITY_GROUP,
+        ("priorityclasses",),
+        ("get",),
+        "Kueue: the pods' PriorityClass value for a new Workload when no WorkloadPriorityClass "
+        "is named: Controller._queue",
+        only_if="rbac.kueue",
+    ),
 )
 
 

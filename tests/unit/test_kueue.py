@@ -14,7 +14,7 @@ from kube_ddp import kueue
 from kube_ddp.api import DDPTrainingJob, JobStatus, load_job
 from kube_ddp.builders import BuildSettings, build_worker_pod, job_labels
 from kube_ddp.controller import Controller
-from kube_ddp.kube import kueue_cluster_path, workload_path
+from kube_ddp.kube import workload_path
 from kube_ddp.reasons import Reason
 from kube_ddp.status import decide
 from tests.unit.fake_api import FakeApi
@@ -294,7 +294,7 @@ def test_shell_applies_an_admission_and_starts_the_workers() -> None:
     workload = with_status(workload_for(job), admission=ADMISSION, conditions=ADMITTED)
     fake = FakeApi()
     fake.objects[workload_path("ns1", kueue.workload_name(job))] = workload
-    fake.objects[kueue_cluster_path(kueue.RESOURCE_FLAVORS, "nvidia")] = NVIDIA_FLAVOR
+    fake.objects[kueue.flavor_path("nvidia")] = NVIDIA_FLAVOR
 
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, body)
@@ -332,3 +332,35 @@ def test_shell_fails_a_queued_job_where_kueue_is_not_installed() -> None:
     (written,) = written_statuses(fake)
     assert written["phase"] == "Failed"
     assert written["conditions"][0]["message"] == f"Invalid spec: {kueue.NOT_SERVED}"
+
+
+def test_priority_class_as_kueue_picks_it() -> None:
+    pods_class = {"nodes": 2, "template": {"priorityClassName": "high"}}
+    job = queued_job(pods_class)
+    ref = kueue.priority_class(job)
+    assert ref == {"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": "high"}
+    assert kueue.priority_class_path(ref) == "/apis/scheduling.k8s.io/v1/priorityclasses/high"
+    labelled = queued_job(pods_class, labels={kueue.PRIORITY_CLASS_LABEL: "production"})
+    ref = kueue.priority_class(labelled)
+    assert ref is not None and (ref["kind"], ref["name"]) == ("WorkloadPriorityClass", "production")
+    assert kueue.priority_class_path(ref) == (
+        "/apis/kueue.x-k8s.io/v1beta2/workloadpriorityclasses/production"
+    )
+    assert kueue.priority_class(queued_job()) is None
+
+
+def test_shell_gives_the_workload_its_priority_classs_value() -> None:
+    body = queued_body()
+    body["metadata"]["labels"][kueue.PRIORITY_CLASS_LABEL] = "production"
+    fake = FakeApi()
+    path = "/apis/kueue.x-k8s.io/v1beta2/workloadpriorityclasses/production"
+    fake.objects[path] = {"kind": "WorkloadPriorityClass", "value": 1000}
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, body)
+        await controller.reconcile(KEY)
+
+    run(scenario, fake)
+    (created,) = fake.made("POST", "/workloads")
+    assert created.body["spec"]["priority"] == 1000
+    assert created.body["spec"]["priorityClassRef"]["name"] == "production"

@@ -111,6 +111,13 @@
   resources: ["resourceflavors", "workloadpriorityclasses"]
   verbs: ["get"]
 {{- end }}
+{{- if .Values.rbac.kueue }}
+# Kueue: the pods' PriorityClass value for a new Workload when no WorkloadPriorityClass is named:
+# Controller._queue
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
+  verbs: ["get"]
+{{- end }}
 {{- end -}}
 
 {{/* Leader election, in the release namespace. */}}
