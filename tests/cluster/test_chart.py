@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 
 from kube_ddp import names
+from kube_ddp.permissions import CLUSTER_RULES
 from tests.cluster.helm_support import (
     CHART,
     TEST_IMAGE,
@@ -124,7 +125,7 @@ def test_template_is_valid(helm: Helm, combination: str) -> None:
     if combination == "namespaced":
         # Only the cluster-scoped reads of Kueue's contract (rbac.kueue) are cluster-wide.
         (cluster_role,) = by_kind(objects, "ClusterRole")
-        assert {g for r in cluster_role["rules"] for g in r["apiGroups"]} == {"kueue.x-k8s.io"}
+        assert cluster_role["rules"] == [rule.policy_rule() for rule in CLUSTER_RULES]
         assert {v for r in cluster_role["rules"] for v in r["verbs"]} == {"get"}
         roles = {
             (r["metadata"]["namespace"], r["metadata"]["name"]) for r in by_kind(objects, "Role")
