@@ -149,6 +149,7 @@ class Controller:
     failures: dict[Key, int] = field(default_factory=dict)  # failed reconciles in a row
     # Whether kopf watches MPIJobs: it looks up the kinds it watches once, when it starts.
     watches_mpijobs: Callable[[], bool] = lambda: True
+    watches_workloads: Callable[[], bool] = lambda: True  # Kueue's, the same way
 
     def __post_init__(self) -> None:
         self.expectations = Expectations(self.config.expectation_timeout)
@@ -229,6 +230,8 @@ class Controller:
             return body, job, kueue.Step()
         if (refused := kueue.refusal(job)) is not None:
             return body, job, kueue.Step(refused=refused)
+        if not self.watches_workloads():  # Kueue's admissions would never reach us
+            return body, job, kueue.Step(refused=kueue.NOT_SERVED)
         workload = await self.kube.get(workload_path(job.namespace, kueue.workload_name(job)))
         flavors = {}
         if kueue.is_admitted(workload) and job.spec.run_policy.suspend:

@@ -7,7 +7,7 @@ job for one reconcile in `kube_ddp.controller`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -44,16 +44,20 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.label_selectors["pods"] = names.LABEL_JOB_NAME
     mpijobs = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
     settings.watching.label_selectors[MPIJOB_GROUP, names.MPIJOB_PLURAL] = mpijobs
+    settings.watching.label_selectors[kueue.GROUP, kueue.WORKLOADS] = mpijobs  # ours too
     # kopf would list every CRD and namespace to follow new ones: a cluster-wide right we do
     # not need, since we watch fixed resources in fixed namespaces.
     settings.scanning.disabled = True
     memo.controller = Controller(config=config, kube=Kube())
     insights: Insights | None = getattr(memo, "insights", None)  # set by serving.run
     if insights is not None:
-        memo.controller.watches_mpijobs = lambda: any(
-            r.group == MPIJOB_GROUP and r.plural == names.MPIJOB_PLURAL
-            for r in insights.watched_resources
-        )
+        memo.controller.watches_mpijobs = _watched(insights, MPIJOB_GROUP, names.MPIJOB_PLURAL)
+        memo.controller.watches_workloads = _watched(insights, kueue.GROUP, kueue.WORKLOADS)
+
+
+def _watched(insights: Insights, group: str, plural: str) -> Callable[[], bool]:
+    """Whether kopf watches the kind: it looks the kinds up once, when it starts."""
+    return lambda: any(r.group == group and r.plural == plural for r in insights.watched_resources)
 
 
 @kopf.on.cleanup()

@@ -64,9 +64,10 @@ MPI_NOT_QUEUED = (
     f"the label {QUEUE_LABEL} is not supported with launcher mpi yet: remove the label, or use "
     "launcher torchrun"
 )
+# kopf looks up the kinds it watches once, when it starts (as for MPIJobs).
 NOT_SERVED = (
-    f"the label {QUEUE_LABEL} needs Kueue, and this cluster does not serve its Workloads "
-    f"({API_VERSION}): install Kueue, or remove the label"
+    f"the label {QUEUE_LABEL} needs Kueue, whose Workloads ({API_VERSION}) this cluster did "
+    "not serve when kube-ddp started: install Kueue, then restart kube-ddp; or remove the label"
 )
 # Eviction reasons after which Kueue requeues the Workload at once (reconciler.go, step 6).
 REQUEUED_AFTER: Final = frozenset({"Preempted", "NodeFailures"})

@@ -364,3 +364,18 @@ def test_shell_gives_the_workload_its_priority_classs_value() -> None:
     (created,) = fake.made("POST", "/workloads")
     assert created.body["spec"]["priority"] == 1000
     assert created.body["spec"]["priorityClassRef"]["name"] == "production"
+
+
+def test_shell_fails_a_queued_job_when_workloads_are_not_watched() -> None:
+    """kopf looked the kinds up at start, before Kueue was installed: no admission would reach
+    the operator, so the job says what to do instead of waiting forever."""
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        controller.watches_workloads = lambda: False
+        start(fake, controller, queued_body())
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    assert not fake.made("POST", "/workloads")
+    (written,) = written_statuses(fake)
+    assert written["conditions"][0]["message"] == f"Invalid spec: {kueue.NOT_SERVED}"
