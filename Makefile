@@ -74,8 +74,9 @@ DEMO_JOB := manifests/examples/digits-cpu.yaml
 demo: venv
 	$(VENV)/bin/kube-ddp run --local $(DEMO_JOB)
 
+# matplotlib (the plots) is in the bench dependency group only: `uv run` adds it to .venv.
 bench: venv
-	$(PY) -m benchmarks all --repeats 3
+	$(UV) run --frozen --all-packages --group bench python -m benchmarks all --peers --repeats 3
 
 cluster-build cluster-up cluster-down cluster-status: venv
 	$(PY) hack/dev-cluster.py $(@:cluster-%=%)

@@ -1,4 +1,4 @@
-"""python -m benchmarks [trainer|operator|all] [--repeats N] [--quick] [--no-write]"""
+"""python -m benchmarks [trainer|operator|all] [--peers] [--repeats N] [--quick] [--no-write]"""
 
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("which", nargs="?", default="all", choices=(*BENCHMARKS, "all"))
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (median)")
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="operator: Kubeflow's MPI Operator and Training Operator side by side with kube-ddp",
+    )
     parser.add_argument("--quick", action="store_true", help="smaller runs, to try the code")
     parser.add_argument("--no-write", action="store_true", help=f"do not update {DOCUMENT.name}")
     args = parser.parse_args(argv)

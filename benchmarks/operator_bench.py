@@ -1,38 +1,72 @@
-"""Operator benchmark on the local control plane (hack/dev-cluster.py): how fast jobs get pods,
-how fast a finished job is marked, and what the operator costs in memory.
+"""Operator benchmark: kube-ddp and Kubeflow's controllers (benchmarks/contenders.py) side by
+side on the local control plane (hack/dev-cluster.py: real kube-apiserver, etcd, scheduler,
+controller manager, kwok nodes), in one run. Each stage runs each contender in turn, in a fresh
+namespace with its controller just started and watching only that namespace; one controller
+runs at a time, so the API server's own request counters are the contender's (and what its
+objects cost the scheduler, kwok and the controller manager).
 
-Timings are taken on the client side from watch events, in one run, on this machine:
-  apply latency     create a job, time until all of its worker pods exist (50 jobs, 2 workers)
-  burst             200 jobs x 4 workers created at once, time until all 800 pods exist
-  completion        worker 0 Succeeded (pod watch) -> job Succeeded (job watch), 30 jobs
-  memory            operator RSS with 1,000 jobs tracked (1 worker each)
+  apply       create a job, time until all of its worker pods exist (sequential; 2 and 8 workers)
+  burst       N jobs x 4 workers created at once, time until all pods exist (N = 200, 1,000)
+  completion  the pod whose exit ends the job Succeeded (pod watch) -> job Succeeded (job watch)
+  lifecycle   API server requests per job: create -> running -> succeeded -> deleted, gone
+  scale       controller RSS and CPU seconds with 1,000 (and 10,000) jobs' pods Running
+  restart     the controller stopped and started with those 1,000 jobs live: time until it
+              reconciled every one, and the API requests that cost
+
+Times are taken by the client from watch events (time.perf_counter).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
+import re
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import kubernetes
 
-from kube_ddp import names
+from benchmarks.contenders import CONTENDERS, Contender, Running, devcluster_processes
 from tests.cluster.support import load_dev_cluster
 
 REPO = Path(__file__).resolve().parents[1]
-KUBE_DDP = Path(sys.executable).with_name("kube-ddp")
+OUT = REPO / ".bench"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    apply_jobs: int = 50
+    apply_workers: tuple[int, ...] = (2, 8)
+    bursts: tuple[int, ...] = (200, 1000)
+    burst_workers: int = 4
+    completion_jobs: int = 50
+    lifecycle_jobs: int = 20
+    scale_jobs: tuple[int, ...] = (1000, 10000)  # the last only for `scale_all_upto` or kube-ddp
+    scale_peers_upto: int = 1000  # peers stop here (time: see docs/BENCHMARKS.md)
+
+
+QUICK = Sizes(
+    apply_jobs=3,
+    apply_workers=(2,),
+    bursts=(5,),
+    completion_jobs=3,
+    lifecycle_jobs=2,
+    scale_jobs=(10,),
+    scale_peers_upto=10,
+)
 
 
 class Watcher:
@@ -83,25 +117,123 @@ class Watcher:
         self._watch.stop()
 
 
-def pod_key(pod: Any) -> str:
+def pod_name(pod: Any) -> str:
     return str(pod.metadata.name)
 
 
-def job_manifest(name: str, nodes: int, **spec: Any) -> dict[str, Any]:
+def running_pod(pod: Any) -> str | None:
+    return str(pod.metadata.name) if pod.status.phase == "Running" else None
+
+
+def succeeded_pod(pod: Any) -> str | None:
+    return str(pod.metadata.name) if pod.status.phase == "Succeeded" else None
+
+
+# --- the API server's request counters -------------------------------------------------------
+
+SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+RequestKey = tuple[str, str]  # (verb, resource[/subresource] with its group when not core)
+
+
+def api_requests() -> Counter[RequestKey]:
+    """apiserver_request_total by verb and resource, from the API server's /metrics."""
+    dev_cluster = load_dev_cluster()
+    server = dev_cluster.read_state()["server"]
+    processes = devcluster_processes()
+    status, body = processes.http_get(f"{server}/metrics", processes.tls_context())
+    if status != 200:
+        raise RuntimeError(f"the API server's /metrics answered {status}")
+    counts: Counter[RequestKey] = Counter()
+    for line in body.decode().splitlines():
+        match = SAMPLE.match(line)
+        if not match:
+            continue
+        labels = dict(LABEL.findall(match["labels"]))
+        if not labels.get("resource"):
+            continue  # /metrics, /healthz, discovery: not a resource request
+        resource = labels["resource"] + (
+            f"/{labels['subresource']}" if labels["subresource"] else ""
+        )
+        if labels.get("group"):
+            resource = f"{resource}.{labels['group']}"
+        counts[(labels["verb"], resource)] += int(float(match["value"]))
+    return counts
+
+
+@dataclass
+class RequestWindow:
+    """API requests between `start` and `stop`, less the idle rate and the client's own."""
+
+    idle_per_s: dict[RequestKey, float]
+    client: Counter[RequestKey] = field(default_factory=Counter)
+    before: Counter[RequestKey] = field(default_factory=Counter)
+    started: float = 0.0
+    result: dict[RequestKey, float] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.before = api_requests()
+        self.started = time.monotonic()
+
+    def stop(self) -> dict[RequestKey, float]:
+        after = api_requests()
+        seconds = time.monotonic() - self.started
+        keys = set(after) | set(self.idle_per_s)
+        self.result = {}
+        for key in keys:
+            count = after[key] - self.before[key] - self.client[key]
+            count -= self.idle_per_s.get(key, 0.0) * seconds
+            if abs(count) >= 0.5:
+                self.result[key] = count
+        return self.result
+
+
+def idle_rate(seconds: float) -> dict[RequestKey, float]:
+    """Requests per second with nothing to do (leases, node heartbeats, leader election)."""
+    before = api_requests()
+    time.sleep(seconds)
+    after = api_requests()
+    return {key: (after[key] - before[key]) / seconds for key in after if after[key] > before[key]}
+
+
+# --- the process ------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def summary(samples: list[float]) -> dict[str, Any]:
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": name},
-        "spec": {"nodes": nodes, **spec},
+        "n": len(ordered),
+        "p50_s": statistics.median(ordered),
+        "p99_s": p99,
+        "min_s": ordered[0],
+        "max_s": ordered[-1],
+        "samples": samples,
     }
 
 
+# --- the stages -------------------------------------------------------------------------------
+
+
 class Bench:
-    def __init__(self, api: kubernetes.client.ApiClient, kubeconfig: str) -> None:
-        self.api = api
-        self.core = kubernetes.client.CoreV1Api(api)
-        self.custom = kubernetes.client.CustomObjectsApi(api)
+    def __init__(self, kubeconfig: str, out: Path) -> None:
+        self.api = kubernetes.config.new_client_from_config(config_file=kubeconfig)
+        self.core = kubernetes.client.CoreV1Api(self.api)
+        self.custom = kubernetes.client.CustomObjectsApi(self.api)
         self.kubeconfig = kubeconfig
+        self.out = out
 
     @contextmanager
     def namespace(self) -> Iterator[str]:
@@ -115,147 +247,212 @@ class Bench:
         try:
             yield name
         finally:
+            # The namespace controller left the MPI Operator's launcher Jobs (and so their pods,
+            # which hold the Job controller's finalizer) in place for minutes: delete them first.
+            kubernetes.client.BatchV1Api(self.api).delete_collection_namespaced_job(
+                name, propagation_policy="Background"
+            )
             self.core.delete_namespace(name)
+            self.wait_gone(name)
+
+    def wait_gone(self, namespace: str, timeout: float = 900) -> None:
+        """A deleted namespace's pods, gone: the next stage starts on an idle control plane."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.core.read_namespace(namespace)
+            except kubernetes.client.ApiException as error:
+                if error.status == 404:
+                    return
+                raise
+            time.sleep(1)
+        raise TimeoutError(f"namespace {namespace} still there after {timeout:.0f} s")
 
     @contextmanager
-    def operator(self, namespace: str, log: Path) -> Iterator[Any]:
-        command = [
-            str(KUBE_DDP),
-            "operator",
-            f"--kubeconfig={self.kubeconfig}",
-            f"--namespace={namespace}",
-            "--health-port=0",
-            "--metrics-port=0",
-        ]
-        with open(log, "wb") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        time.sleep(3)  # start-up (imports, first LIST) is not what is measured
-        try:
-            yield process
-        finally:
-            process.terminate()
-            process.wait(timeout=20)
+    def contender(self, contender: Contender, stage: str) -> Iterator[tuple[str, Running]]:
+        with self.namespace() as namespace:
+            scratch = self.out / f"{stage}-{contender.key}"
+            scratch.mkdir(parents=True, exist_ok=True)
+            with contender.run(self.kubeconfig, namespace, scratch) as running:
+                yield namespace, running
 
-    def create(self, namespace: str, manifest: dict[str, Any]) -> None:
+    def create(self, contender: Contender, namespace: str, name: str, workers: int) -> None:
         self.custom.create_namespaced_custom_object(
-            names.GROUP, names.VERSION, namespace, names.PLURAL, manifest
+            contender.group,
+            contender.version,
+            namespace,
+            contender.plural,
+            contender.manifest(name, workers),
         )
 
-    def apply_latency(self, namespace: str, jobs: int = 50, nodes: int = 2) -> dict[str, float]:
-        pods = Watcher(self.core.list_namespaced_pod, namespace, key=pod_key)
+    def create_many(
+        self, contender: Contender, namespace: str, names: list[str], workers: int
+    ) -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: self.create(contender, namespace, n, workers), names))
+
+    def job_watcher(
+        self, contender: Contender, namespace: str, key: Callable[[dict[str, Any]], str | None]
+    ) -> Watcher:
+        return Watcher(
+            self.custom.list_namespaced_custom_object,
+            contender.group,
+            contender.version,
+            namespace,
+            contender.plural,
+            key=key,
+        )
+
+    def apply(
+        self, contender: Contender, namespace: str, jobs: int, workers: int
+    ) -> dict[str, Any]:
+        pods = Watcher(self.core.list_namespaced_pod, namespace, key=pod_name)
         samples = []
         try:
-            for i in range(-1, jobs):  # job -1 warms the operator up and is not counted
-                name = f"lat-{i}" if i >= 0 else "warm-up"
-                wanted = {names.worker_name(name, n) for n in range(nodes)}
+            for i in range(-1, jobs):  # job -1 warms the controller up and is not counted
+                name = f"lat{workers}-{i}" if i >= 0 else f"warm-up-{workers}"
+                wanted = set(contender.worker_pods(name, workers))
                 start = time.perf_counter()
-                self.create(namespace, job_manifest(name, nodes))
-                pods.wait(wanted, timeout=30)
+                self.create(contender, namespace, name, workers)
+                pods.wait(wanted, timeout=60)
                 if i >= 0:
                     samples.append(max(pods.first_seen[p] for p in wanted) - start)
         finally:
             pods.stop()
         return summary(samples)
 
-    def burst(self, namespace: str, jobs: int = 200, nodes: int = 4) -> dict[str, float]:
-        pods = Watcher(self.core.list_namespaced_pod, namespace, key=pod_key)
-        wanted = {names.worker_name(f"burst-{i}", n) for i in range(jobs) for n in range(nodes)}
+    def burst(
+        self, contender: Contender, namespace: str, jobs: int, workers: int
+    ) -> dict[str, Any]:
+        pods = Watcher(self.core.list_namespaced_pod, namespace, key=pod_name)
+        names = [f"burst-{i}" for i in range(jobs)]
+        wanted = {p for n in names for p in contender.worker_pods(n, workers)}
         try:
             start = time.perf_counter()
-            with ThreadPoolExecutor(8) as pool:
-                list(
-                    pool.map(
-                        lambda i: self.create(namespace, job_manifest(f"burst-{i}", nodes)),
-                        range(jobs),
-                    )
-                )
+            self.create_many(contender, namespace, names, workers)
             created = time.perf_counter() - start
-            pods.wait(wanted, timeout=300)
-            total = max(pods.first_seen.values()) - start
+            pods.wait(wanted, timeout=1800)
+            total = max(pods.first_seen[p] for p in wanted) - start
         finally:
             pods.stop()
         return {"jobs": jobs, "pods": len(wanted), "create_calls_s": created, "all_pods_s": total}
 
-    def completion(self, namespace: str, jobs: int = 30) -> dict[str, float]:
-        def succeeded_pod(pod: Any) -> str | None:
-            return str(pod.metadata.name) if pod.status.phase == "Succeeded" else None
-
-        def succeeded_job(job: Any) -> str | None:
-            if (job.get("status") or {}).get("phase") == "Succeeded":
-                return str(job["metadata"]["name"])
-            return None
-
-        running = Watcher(self.core.list_namespaced_pod, namespace, key=_running_pod)
-        names_ = [f"done-{i}" for i in range(jobs)]
-        for name in names_:
-            self.create(namespace, job_manifest(name, 2))
-        running.wait({names.worker_name(n, i) for n in names_ for i in range(2)}, timeout=120)
-        running.stop()
-        time.sleep(1)  # let the jobs' Running status writes settle
-        pods = Watcher(self.core.list_namespaced_pod, namespace, key=succeeded_pod)
-        finished = Watcher(
-            self.custom.list_namespaced_custom_object,
-            names.GROUP,
-            names.VERSION,
-            namespace,
-            names.PLURAL,
-            key=succeeded_job,
-        )
+    def run_to_running(
+        self, contender: Contender, namespace: str, names: list[str], workers: int
+    ) -> None:
+        running = Watcher(self.core.list_namespaced_pod, namespace, key=running_pod)
         try:
-            for name in names_:
+            self.create_many(contender, namespace, names, workers)
+            wanted = {p for n in names for p in contender.worker_pods(n, workers)}
+            running.wait(wanted, timeout=3600)
+        finally:
+            running.stop()
+
+    def completion(
+        self, contender: Contender, namespace: str, jobs: int, window: RequestWindow | None = None
+    ) -> dict[str, Any]:
+        """Jobs of 2 workers, created at once, run, then ended one by one; with a `window`, the
+        whole lifecycle (ending with the jobs deleted and their pods gone) is counted in it."""
+        names = [f"done-{i}" for i in range(jobs)]
+        finished = self.job_watcher(
+            contender,
+            namespace,
+            lambda job: str(job["metadata"]["name"]) if contender.succeeded(job) else None,
+        )
+        pods = Watcher(self.core.list_namespaced_pod, namespace, key=succeeded_pod)
+        client = window.client if window else Counter()
+        resource = f"{contender.plural}.{contender.group}"
+        try:
+            if window:
+                window.start()
+            self.run_to_running(contender, namespace, names, 2)
+            client[("POST", resource)] += jobs
+            time.sleep(1)  # let the jobs' Running status writes settle
+            finishers = {}
+            for name in names:
+                finishers[name] = pod = contender.finisher(self.core, namespace, name)
+                if contender.key == "mpi-operator":
+                    client[("LIST", "pods")] += 1
                 body = {"metadata": {"annotations": {"sim.kubeddp.io/exit-code": "0"}}}
-                self.core.patch_namespaced_pod(names.worker_name(name, 0), namespace, body)
-                finished.wait({name}, timeout=30)
-            samples = [
-                finished.first_seen[n] - pods.first_seen[names.worker_name(n, 0)] for n in names_
-            ]
+                self.core.patch_namespaced_pod(pod, namespace, body)
+                client[("PATCH", "pods")] += 1
+                finished.wait({name}, timeout=60)
+            samples = [finished.first_seen[n] - pods.first_seen[finishers[n]] for n in names]
+            if window:
+                for name in names:
+                    self.custom.delete_namespaced_custom_object(
+                        contender.group, contender.version, namespace, contender.plural, name
+                    )
+                    client[("DELETE", resource)] += 1
+                deadline = time.monotonic() + 300
+                while self.core.list_namespaced_pod(namespace).items:
+                    client[("LIST", "pods")] += 1
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("pods of deleted jobs still there")
+                    time.sleep(0.5)
+                client[("LIST", "pods")] += 1
+                time.sleep(2)  # the garbage collector's last deletes
+                window.stop()
         finally:
             pods.stop()
             finished.stop()
         return summary(samples)
 
-    def memory(self, namespace: str, process: Any, jobs: int = 1000) -> dict[str, float]:
-        pods = Watcher(self.core.list_namespaced_pod, namespace, key=pod_key)
-        try:
-            with ThreadPoolExecutor(8) as pool:
-                list(
-                    pool.map(
-                        lambda i: self.create(namespace, job_manifest(f"mem-{i}", 1)), range(jobs)
-                    )
-                )
-            pods.wait({names.worker_name(f"mem-{i}", 0) for i in range(jobs)}, timeout=600)
-        finally:
-            pods.stop()
-        time.sleep(5)
-        return {"jobs": jobs, "rss_mib": rss_mib(process.pid)}
+    def scale(
+        self, contender: Contender, sizes: tuple[int, ...], idle: dict[RequestKey, float]
+    ) -> dict[str, Any]:
+        """Jobs of one worker kept Running: the controller's RSS and CPU seconds with sizes[0]
+        jobs; then it is restarted with those live (the restart measure), and the restarted one
+        is taken on to the other sizes."""
+        scale: list[dict[str, float]] = []
+
+        def grow(running: Running, created: int, jobs: int, cpu_from: float) -> None:
+            names = [f"s-{i}" for i in range(created, jobs)]
+            start = time.monotonic()
+            self.run_to_running(contender, namespace, names, 1)
+            time.sleep(5)  # queues drain
+            point = {
+                "jobs": jobs,
+                "rss_mib": rss_mib(running.pid),
+                "cpu_s": cpu_seconds(running.pid) - cpu_from,
+                "wall_s": time.monotonic() - start,
+            }
+            scale.append(point)
+            print(f"  {contender.key}: {json.dumps(point)}", flush=True)
+
+        with self.namespace() as namespace:
+            scratch = self.out / f"scale-{contender.key}"
+            scratch.mkdir(parents=True, exist_ok=True)
+            with contender.run(self.kubeconfig, namespace, scratch) as running:
+                grow(running, 0, sizes[0], 0.0)
+            window = RequestWindow(idle)
+            window.start()
+            start = time.perf_counter()
+            with contender.run(self.kubeconfig, namespace, scratch) as running:
+                deadline = time.monotonic() + 600
+                while running.synced() < sizes[0]:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{running.synced()} of {sizes[0]} jobs re-synced")
+                    time.sleep(0.1)
+                resync = time.perf_counter() - start
+                cpu = cpu_seconds(running.pid)
+                time.sleep(3)  # what it does right after its last first reconcile
+                requests = window.stop()
+                restart = {"jobs": sizes[0], "resync_s": resync, "cpu_s": cpu,
+                           "rss_mib": rss_mib(running.pid), "requests": requests}  # fmt: skip
+                print(f"  {contender.key} restart: {resync:.1f} s", flush=True)
+                for before, jobs in itertools.pairwise(sizes):
+                    grow(running, before, jobs, cpu_seconds(running.pid))
+        return {"scale": scale, "restart": restart}
 
 
-def _running_pod(pod: Any) -> str | None:
-    return str(pod.metadata.name) if pod.status.phase == "Running" else None
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
-
-
-def summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return {
-        "n": len(ordered),
-        "p50_s": statistics.median(ordered),
-        "p99_s": p99,
-        "max_s": ordered[-1],
-    }
-
-
-def bench_nodes(core: Any) -> None:
-    """Room for the memory run: fake nodes that take 1,000 pods between them."""
-    capacity = {"cpu": "1000", "memory": "4Ti", "pods": "500"}
-    for i in range(3):
+def bench_nodes(core: Any, pods: int) -> None:
+    """Fake nodes with room for `pods` pods between them (kwok keeps none of them busy)."""
+    if pods <= 300:
+        return  # the dev cluster's own nodes take that many
+    per_node = 2500
+    capacity = {"cpu": "10000", "memory": "64Ti", "pods": str(per_node)}
+    for i in range(-(-pods // per_node)):
         node = {
             "apiVersion": "v1",
             "kind": "Node",
@@ -273,101 +470,364 @@ def bench_nodes(core: Any) -> None:
                 raise
 
 
-STAGES = ("apply_latency", "burst", "completion", "memory")
+STAGES = ("apply", "burst", "completion", "scale")
+# Rows of the request tables that are the harness's, not a controller's: the peers' runners
+# apply their CRD and check their namespace before each start.
+HARNESS_RESOURCES = ("customresourcedefinitions.apiextensions.k8s.io", "namespaces")
 
 
-def measure(out: Path, stages: tuple[str, ...] = STAGES) -> dict[str, Any]:
+def measure(
+    out: Path, sizes: Sizes, contenders: list[Contender], stages: tuple[str, ...] = STAGES
+) -> dict[str, Any]:
     """Run `stages` on the local control plane, starting it (and stopping it after) if needed."""
     dev_cluster = load_dev_cluster()
     started_here = dev_cluster.running_state() is None
     state = dev_cluster.up(owner="bench")
     try:
-        return _measure(state["kubeconfig"], out, stages)
+        return _measure(state["kubeconfig"], out, sizes, contenders, stages)
     finally:
         if started_here:
             dev_cluster.down()
 
 
-def _measure(kubeconfig: str, out: Path, stages: tuple[str, ...]) -> dict[str, Any]:
-    api = kubernetes.config.new_client_from_config(config_file=kubeconfig)
-    bench = Bench(api, kubeconfig)
-    kubectl = [str(REPO / ".cluster" / "bin" / "kubectl"), f"--kubeconfig={kubeconfig}"]
-    crd = str(REPO / "manifests" / "crd.yaml")
-    subprocess.run([*kubectl, "apply", "--server-side", "-f", crd], check=True)
-    subprocess.run(
-        [*kubectl, "wait", "--for=condition=Established", "crd/ddptrainingjobs.kubeddp.io"],
-        check=True,
+def _measure(
+    kubeconfig: str, out: Path, sizes: Sizes, contenders: list[Contender], stages: tuple[str, ...]
+) -> dict[str, Any]:
+    bench = Bench(kubeconfig, out)
+    dev_cluster = load_dev_cluster()
+    crd = REPO / "manifests" / "crd.yaml"
+    dev_cluster.mpioperator.apply_crd(Path(kubeconfig), crd, "ddptrainingjobs.kubeddp.io")
+    most_pods = max(
+        [sizes.burst_workers * n + n for n in sizes.bursts if "burst" in stages]
+        + [2 * n for n in sizes.scale_jobs if "scale" in stages]
+        + [0]
     )
-    bench_nodes(bench.core)
+    bench_nodes(bench.core, most_pods)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {}
-    for stage in stages:
-        with (
-            bench.namespace() as namespace,
-            bench.operator(namespace, out / f"operator-{stage}.log") as process,
-        ):
-            print(f"operator bench: {stage} ...", flush=True)
-            if stage == "memory":
-                results[stage] = bench.memory(namespace, process)
-            else:
-                results[stage] = getattr(bench, stage)(namespace)
-            print(f"  {json.dumps(results[stage])}", flush=True)
+    results: dict[str, Any] = {"load": [], "contenders": {c.key: c.title for c in contenders}}
+
+    def stage(name: str, contender: Contender) -> None:
+        load = os.getloadavg()[0]
+        results["load"].append(load)
+        print(f"operator bench: {name}, {contender.key} (load {load:.2f}) ...", flush=True)
+
+    started = time.monotonic()
+    results["idle_per_s"] = _keyed(idle_rate(10))
+    if "apply" in stages:
+        for workers in sizes.apply_workers:
+            for contender in contenders:
+                stage(f"apply {sizes.apply_jobs} x {workers} workers", contender)
+                with bench.contender(contender, f"apply{workers}") as (namespace, _):
+                    found = bench.apply(contender, namespace, sizes.apply_jobs, workers)
+                results.setdefault(f"apply{workers}", {})[contender.key] = found
+    if "burst" in stages:
+        for jobs in sizes.bursts:
+            for contender in contenders:
+                stage(f"burst {jobs} x {sizes.burst_workers}", contender)
+                with bench.contender(contender, f"burst{jobs}") as (namespace, _):
+                    found = bench.burst(contender, namespace, jobs, sizes.burst_workers)
+                results.setdefault(f"burst{jobs}", {})[contender.key] = found
+                print(f"  {json.dumps(found)}", flush=True)
+    if "completion" in stages:
+        for contender in contenders:
+            stage(f"completion and lifecycle, {sizes.completion_jobs} jobs", contender)
+            with bench.contender(contender, "completion") as (namespace, _):
+                window = RequestWindow(idle_rate(10))  # its own leases and resyncs included
+                found = bench.completion(contender, namespace, sizes.completion_jobs, window)
+            found["requests_per_job"] = {
+                key: count / sizes.completion_jobs for key, count in _keyed(window.result).items()
+            }
+            results.setdefault("completion", {})[contender.key] = found
+    if "scale" in stages:
+        idle = idle_rate(10)
+        for contender in contenders:
+            upto = max(sizes.scale_jobs) if contender.key == "kube-ddp" else sizes.scale_peers_upto
+            steps = tuple(n for n in sizes.scale_jobs if n <= upto)
+            stage(f"scale {steps} and restart", contender)
+            found = bench.scale(contender, steps, idle)
+            found["restart"]["requests"] = _keyed(found["restart"]["requests"])
+            results.setdefault("scale", {})[contender.key] = found
+    results["minutes"] = (time.monotonic() - started) / 60
+    (out / "results.json").write_text(json.dumps(results, indent=1))
     return results
 
 
-TARGETS = {
-    "apply p50": 0.3,
-    "apply p99": 1.0,
-    "burst": 20.0,
-    "completion p50": 0.5,
-    "memory": 150.0,
+def _keyed(requests: dict[RequestKey, float]) -> dict[str, float]:
+    """'VERB resource' -> count, without the harness's own rows."""
+    return {
+        f"{verb} {resource}": round(count, 2)
+        for (verb, resource), count in sorted(requests.items())
+        if resource not in HARNESS_RESOURCES
+    }
+
+
+# --- the report -------------------------------------------------------------------------------
+
+DOCS = REPO / "docs"
+PLOT_LATENCY = DOCS / "benchmarks-operator-latency.png"
+PLOT_SCALE = DOCS / "benchmarks-operator-memory.png"
+GOALS = {
+    "apply": "kube-ddp / MPI Operator <= 1.0x at p50 and p99",
+    "burst": "kube-ddp / MPI Operator <= 1.0x with 1,000 jobs",
+    "requests": "kube-ddp <= each peer",
+    "scale": "kube-ddp <= 300 MiB with 10,000 jobs",
+    "restart": "kube-ddp <= 30 s with 1,000 jobs",
 }
 
 
-def run(args: argparse.Namespace) -> str:
-    """`python -m benchmarks operator`: measure, and the markdown section of BENCHMARKS.md."""
-    started = time.time()
-    load_before = os.getloadavg()[0]
-    results = measure(REPO / ".bench")
-    minutes = (time.time() - started) / 60
-    apply, burst = results["apply_latency"], results["burst"]
-    completion, memory = results["completion"], results["memory"]
-    rows = [
-        ("apply -> all worker pods exist, p50", apply["p50_s"], "apply p50", "s"),
-        ("apply -> all worker pods exist, p99", apply["p99_s"], "apply p99", "s"),
-        ("burst: 200 jobs x 4 workers -> 800 pods exist", burst["all_pods_s"], "burst", "s"),
-        ("worker 0 Succeeded -> job Succeeded, p50", completion["p50_s"], "completion p50", "s"),
-        ("operator resident memory, 1,000 jobs tracked", memory["rss_mib"], "memory", "MiB"),
-    ]
+def _cells(values: dict[str, float | None], keys: list[str], fmt: Callable[[float], str]) -> str:
+    """kube-ddp's value, then each peer's value and the ratio kube-ddp / peer."""
+    ours = values.get("kube-ddp")
+    cells = [fmt(ours) if ours is not None else "-"]
+    for key in keys[1:]:
+        theirs = values.get(key)
+        cells.append(fmt(theirs) if theirs is not None else "not run")
+        ratio = f"{ours / theirs:.2f}x" if ours is not None and theirs else "-"
+        cells.append(ratio)
+    return " | ".join(cells)
+
+
+def _header(first: str, results: dict[str, Any]) -> list[str]:
+    titles = list(results["contenders"].values())
+    columns = [first, titles[0]]
+    for title in titles[1:]:
+        columns += [title, "ratio"]
+    return ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+
+
+def seconds(value: float) -> str:
+    return f"{value:.3g} s"
+
+
+def render(results: dict[str, Any], sizes: Sizes, command: str) -> str:
+    keys = list(results["contenders"])
+    load = results["load"]
     lines = [
-        "## Operator",
+        "## Operator, side by side with Kubeflow's controllers",
         "",
-        "Command: `make bench` (or `python -m benchmarks operator`), on the local control plane",
-        "of hack/dev-cluster.py (real kube-apiserver, etcd, scheduler, kwok nodes), one operator",
-        "process per stage watching its own namespace. Times are taken by the client from watch",
-        "events; apply latency is sequential over 50 jobs of 2 workers (after one warm-up job);",
-        "completion is over 30 jobs of 2 workers.",
+        f"Command: `{command}`. Results of one run ({results['minutes']:.0f} min), written by it;",
+        "raw figures in `.bench/results.json` (git-ignored).",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, {cpu_model()}; the control",
-        "plane, the operator and the benchmark client share these cores. Load average before",
-        f"the run: {load_before:.2f}. Run took {minutes:.1f} min.",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, {cpu_model()}, "
+        f"{_memory_gib():.0f} GiB; Python {platform.python_version()}. The control plane",
+        "(etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok), the controller",
+        "under test and the benchmark client share these cores, and other work ran on the machine",
+        f"at the same time: load average (1 min) at the start of each stage {min(load):.1f} to "
+        f"{max(load):.1f}, median {statistics.median(load):.1f}. Figures are noisy; the ratios,",
+        "taken minutes apart under the same conditions, say more than the absolute times.",
         "",
-        "| measure | result | target | met |",
-        "| --- | --- | --- | --- |",
+        "How: each stage runs each controller in turn, kube-ddp first, each in a fresh namespace",
+        "that only it watches, with its controller just started (one controller at a time);",
+        "times are taken by the client from watch events. Controllers: "
+        + ", ".join(results["contenders"].values())
+        + " (benchmarks/contenders.py says which job each runs and with which flags).",
+        "",
     ]
-    for label, value, target_key, unit in rows:
-        target = TARGETS[target_key]
-        lines.append(
-            f"| {label} | {value:.3g} {unit} | <= {target:g} {unit} | "
-            f"{'yes' if value <= target else 'no'} |"
+    apply_rows = []
+    for workers in sizes.apply_workers:
+        found = results.get(f"apply{workers}")
+        if not found:
+            continue
+        for label, field_ in (("p50", "p50_s"), ("p99", "p99_s")):
+            values = {k: v[field_] for k, v in found.items()}
+            apply_rows.append(f"| {workers} workers, {label} | {_cells(values, keys, seconds)} |")
+        spread = {k: f"{v['min_s']:.3g}-{v['max_s']:.3g} s" for k, v in found.items()}
+        apply_rows.append(
+            f"| {workers} workers, min-max | "
+            + " | ".join(
+                [spread["kube-ddp"], *(x for k in keys[1:] for x in (spread.get(k, "-"), ""))]
+            )
+            + " |"
         )
+    if apply_rows:
+        lines += [
+            f"### Apply -> all worker pods exist ({sizes.apply_jobs} jobs in a row, after one "
+            "warm-up job)",
+            "",
+            *_header("jobs of", results),
+            *apply_rows,
+            "",
+            f"Goal: {GOALS['apply']}. ![apply latency]({PLOT_LATENCY.name})",
+            "",
+        ]
+    burst_rows = []
+    for jobs in sizes.bursts:
+        found = results.get(f"burst{jobs}")
+        if found:
+            values = {k: v["all_pods_s"] for k, v in found.items()}
+            burst_rows.append(
+                f"| {jobs:,} x {sizes.burst_workers} | {_cells(values, keys, seconds)} |"
+            )
+    if burst_rows:
+        calls = "; ".join(
+            f"{results['contenders'][k]} {v['create_calls_s']:.3g} s"
+            for jobs in sizes.bursts
+            for k, v in results.get(f"burst{jobs}", {}).items()
+            if jobs == max(sizes.bursts)
+        )
+        lines += [
+            "### Burst: jobs created at once (8 client threads) -> all worker pods exist",
+            "",
+            *_header("jobs x workers", results),
+            *burst_rows,
+            "",
+            f"Goal: {GOALS['burst']}. The create calls themselves ({max(sizes.bursts):,} jobs): "
+            f"{calls}.",
+            "",
+        ]
+    completion = results.get("completion")
+    if completion:
+        lines += [
+            f"### The last pod Succeeded -> job Succeeded ({sizes.completion_jobs} jobs of 2 "
+            "workers, ended one at a time)",
+            "",
+            "The pod whose exit ends the job: kube-ddp's worker 0, the MPIJob's launcher, the",
+            "PyTorchJob's master.",
+            "",
+            *_header("", results),
+        ]
+        for label, field_ in (("p50", "p50_s"), ("p99", "p99_s")):
+            values = {k: v[field_] for k, v in completion.items()}
+            lines.append(f"| {label} | {_cells(values, keys, seconds)} |")
+        lines += ["", *_requests_section(results, completion, keys, sizes)]
+    scale = results.get("scale")
+    if scale:
+        lines += [*_scale_section(results, scale, keys)]
+    return "\n".join(lines)
+
+
+def _requests_section(
+    results: dict[str, Any], completion: dict[str, Any], keys: list[str], sizes: Sizes
+) -> list[str]:
+    per_job = {k: v["requests_per_job"] for k, v in completion.items()}
+    totals = {k: sum(v.values()) for k, v in per_job.items()}
+    writes = {
+        k: sum(c for name, c in v.items() if name.split()[0] not in ("GET", "LIST", "WATCH"))
+        for k, v in per_job.items()
+    }
+    rows = sorted({name for v in per_job.values() for name in v})
+    lines = [
+        "### API server requests per job lifecycle",
+        "",
+        f"apiserver_request_total read before and after the {sizes.completion_jobs} jobs above",
+        "went create -> Running -> Succeeded -> deleted, pods gone; less the benchmark client's",
+        "own requests (it counts them) and the rate of the same controller idling for 10 s before",
+        "(leases, heartbeats); divided by the jobs. The metric has no client label: the figures",
+        "are all that a job's lifecycle cost the API server with this controller, its own",
+        "requests and those of the scheduler, kwok and the controller manager (Job controller,",
+        "garbage collector) caused by the objects it made.",
+        "",
+        *_header("requests per job", results),
+        f"| all | {_cells(totals, keys, lambda x: f'{x:.1f}')} |",
+        f"| writes (not GET, LIST, WATCH) | {_cells(writes, keys, lambda x: f'{x:.1f}')} |",
+    ]
+    for name in rows:
+        values = {k: v.get(name, 0.0) for k, v in per_job.items()}
+        lines.append(f"| {name} | {_cells(values, keys, lambda x: f'{x:.1f}')} |")
+    lines += ["", f"Goal: {GOALS['requests']}.", ""]
+    return lines
+
+
+def _scale_section(results: dict[str, Any], scale: dict[str, Any], keys: list[str]) -> list[str]:
+    sizes_seen = sorted({p["jobs"] for v in scale.values() for p in v["scale"]})
+    lines = [
+        "### Controller memory and CPU with many jobs",
+        "",
+        "Jobs of one worker (an MPIJob: one worker and its launcher), created 8 at a time, "
+        "whose pods",
+        "stay Running on kwok nodes; the controller's resident memory (VmRSS) 5 s after the last",
+        "pod ran, and the CPU seconds it used to get there (from its start; for the larger size,",
+        "from the smaller one).",
+        "",
+        *_header("", results),
+    ]
+    for jobs in sizes_seen:
+        point = {
+            k: next((p for p in v["scale"] if p["jobs"] == jobs), None) for k, v in scale.items()
+        }
+        rss = {k: p["rss_mib"] if p else None for k, p in point.items()}
+        cpu = {k: p["cpu_s"] if p else None for k, p in point.items()}
+        wall = {k: p["wall_s"] if p else None for k, p in point.items()}
+        lines += [
+            f"| {jobs:,} jobs: RSS | {_cells(rss, keys, lambda x: f'{x:.0f} MiB')} |",
+            f"| {jobs:,} jobs: CPU seconds | {_cells(cpu, keys, lambda x: f'{x:.1f} s')} |",
+            f"| {jobs:,} jobs: wall time to all Running | {_cells(wall, keys, seconds)} |",
+        ]
+    restart = {k: v["restart"] for k, v in scale.items()}
+    jobs = next(iter(restart.values()))["jobs"]
     lines += [
         "",
-        f"Apply latency: n={apply['n']}, max {apply['max_s']:.3g} s. Completion: "
-        f"n={completion['n']}, p99 {completion['p99_s']:.3g} s. Burst: the 200 create calls "
-        f"themselves took {burst['create_calls_s']:.3g} s.",
+        f"Goal: {GOALS['scale']}. ![memory vs jobs]({PLOT_SCALE.name})",
+        "",
+        f"### Restart with {jobs:,} live jobs",
+        "",
+        "The controller stopped (SIGTERM) and started again; time from the new process's start",
+        "until it had reconciled every job (kube-ddp: `kubeddp_jobs_synced_total`; MPI Operator:",
+        "distinct jobs in its `Finished syncing job` log lines; Training Operator:",
+        "`controller_runtime_reconcile_total` successes, which counts reconciles, not distinct "
+        "jobs),",
+        "and the API requests of that window (less the idle rate, without a controller).",
+        "",
+        *_header("", results),
+        f"| re-sync time | {_cells({k: v['resync_s'] for k, v in restart.items()}, keys, seconds)}"
+        " |",
+        "| API requests | "
+        + _cells(
+            {k: sum(v["requests"].values()) for k, v in restart.items()}, keys, lambda x: f"{x:.0f}"
+        )
+        + " |",
     ]
-    return "\n".join(lines)
+    rows = sorted({name for v in restart.values() for name in v["requests"]})
+    for name in rows:
+        values = {k: v["requests"].get(name, 0.0) for k, v in restart.items()}
+        lines.append(f"| {name} | {_cells(values, keys, lambda x: f'{x:.0f}')} |")
+    lines += ["", f"Goal: {GOALS['restart']}.", ""]
+    return lines
+
+
+def plot(results: dict[str, Any], sizes: Sizes) -> None:
+    """The latency distributions and memory against jobs, as PNGs next to BENCHMARKS.md."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    titles = results["contenders"]
+    panels = [w for w in sizes.apply_workers if f"apply{w}" in results]
+    if panels:
+        figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+        for axis, workers in zip(axes[0], panels, strict=True):
+            for key, found in results[f"apply{workers}"].items():
+                ordered = sorted(found["samples"])
+                fraction = [(i + 1) / len(ordered) for i in range(len(ordered))]
+                axis.step(ordered, fraction, where="post", label=titles[key])
+            axis.set_xscale("log")
+            axis.set_xlabel("apply -> all worker pods exist (s)")
+            axis.set_ylabel("fraction of jobs")
+            axis.set_title(f"{sizes.apply_jobs} jobs of {workers} workers")
+            axis.grid(True, alpha=0.3)
+            axis.legend()
+        figure.tight_layout()
+        figure.savefig(PLOT_LATENCY, dpi=90)
+        plt.close(figure)
+    if "scale" in results:
+        figure, axis = plt.subplots(figsize=(5.5, 3.6))
+        for key, found in results["scale"].items():
+            points = [(0, None), *((p["jobs"], p["rss_mib"]) for p in found["scale"])]
+            xs = [x for x, y in points if y is not None]
+            axis.plot(xs, [y for _, y in points if y is not None], marker="o", label=titles[key])
+        axis.set_xscale("log")
+        axis.set_xlabel("jobs with pods Running")
+        axis.set_ylabel("controller RSS (MiB)")
+        axis.grid(True, alpha=0.3)
+        axis.legend()
+        figure.tight_layout()
+        figure.savefig(PLOT_SCALE, dpi=90)
+        plt.close(figure)
+
+
+def _memory_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
 def cpu_model() -> str:
@@ -377,13 +837,28 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def run(args: argparse.Namespace) -> str:
+    """`python -m benchmarks operator [--peers]`: measure, plot, and the markdown section."""
+    sizes = QUICK if args.quick else Sizes()
+    chosen = list(CONTENDERS.values()) if args.peers else [CONTENDERS["kube-ddp"]]
+    results = measure(OUT, sizes, chosen)
+    if not args.quick and not args.no_write:
+        plot(results, sizes)
+    command = "make bench" if args.peers else "python -m benchmarks operator"
+    return render(results, sizes, command)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, default=REPO / ".bench")
+    parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--stage", action="append", choices=STAGES, help="default: all")
+    parser.add_argument("--contender", action="append", choices=list(CONTENDERS))
+    parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
-    results = measure(args.out, tuple(args.stage or STAGES))
-    print(json.dumps(results, indent=2))
+    sizes = QUICK if args.quick else Sizes()
+    chosen = [CONTENDERS[k] for k in args.contender or CONTENDERS]
+    results = measure(args.out, sizes, chosen, tuple(args.stage or STAGES))
+    print(render(results, sizes, "python -m benchmarks.operator_bench " + " ".join(argv or [])))
     return 0
 
 

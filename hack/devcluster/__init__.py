@@ -15,12 +15,13 @@ docs/dev-cluster.md describe it.
 | packages | Debian packages, installed with apt-get when a tool is missing |
 | mpioperator | the Kubeflow MPI Operator, run against the cluster |
 | kueue | Kueue, run out of cluster for the tests of kube-ddp's Kueue contract |
+| peers | Kubeflow's Training Operator v1, run against the cluster (`make bench`'s peer) |
 | cli | `hack/dev-cluster.py build|up|down|status|mpi-operator|kueue|tool` |
 
 What tests and benchmarks use is re-exported here.
 """
 
-from devcluster import controlplane, host, kueue, mpioperator, node, packages
+from devcluster import controlplane, host, kueue, mpioperator, node, packages, peers
 from devcluster.build import (
     KUBERNETES_VERSION,
     SCHEDULER_PLUGINS_VERSION,
@@ -71,6 +72,7 @@ __all__ = [
     "mpioperator",
     "node",
     "packages",
+    "peers",
     "read_state",
     "restart_apiserver",
     "running_state",

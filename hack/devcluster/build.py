@@ -36,6 +36,11 @@ KUEUE_VERSION = "v0.19.2"
 # Read, not built: the PodGroup CRDs of the two gang schedulers that are not Kubernetes' own.
 SCHEDULER_PLUGINS_VERSION = "v0.34.7"
 VOLCANO_VERSION = "v1.14.1"  # the proxy refuses v1.14.0 of volcano.sh/volcano
+# Kubeflow's Training Operator v1 (PyTorchJob), a peer of `make bench` (devcluster.peers); the
+# newest the module proxy serves, tagged in the renamed repository kubeflow/trainer.
+TRAINING_OPERATOR_VERSION = "v1.9.4"
+TRAINING_OPERATOR_MODULE = "github.com/kubeflow/training-operator"
+PYTORCHJOB_CRD_FILE = "./manifests/base/crds/kubeflow.org_pytorchjobs.yaml"  # in the module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +202,13 @@ ADDONS = (
             *(f"config/components/crd/bases/kueue.x-k8s.io_{crd}.yaml" for crd in KUEUE_CRDS),
             "config/components/webhook/manifests.yaml",
         ),
+    ),
+    GoBuild(
+        name="training-operator",  # devcluster.peers: `make bench` and its smoke test
+        module=TRAINING_OPERATOR_MODULE,
+        version=TRAINING_OPERATOR_VERSION,
+        packages={"training-operator": f"{TRAINING_OPERATOR_MODULE}/cmd/training-operator.v1"},
+        module_files=(PYTORCHJOB_CRD_FILE,),  # its CRD, from the module: never a copy in the repo
     ),
 )
 

@@ -49,17 +49,23 @@ def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> str:
 
 
 def install_crd(kubeconfig: Path = KUBECONFIG) -> None:
-    """Apply the MPIJob CRD (server-side: it is too large for the last-applied annotation)."""
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", f"--filename={crd_file()}")
+    """Apply the MPIJob CRD."""
+    apply_crd(kubeconfig, crd_file(), CRD_NAME)
+
+
+def apply_crd(kubeconfig: Path, file: Path, name: str) -> None:
+    """Apply a CRD read from a module (server-side: the MPIJob's is too large for the
+    last-applied annotation) and wait until it is established."""
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", f"--filename={file}")
 
     # Not `kubectl wait` (nor a jsonpath filter): both fail outright while a new CRD has no
     # conditions yet.
     def established() -> bool:
-        crd = json.loads(kubectl(kubeconfig, "get", f"crd/{CRD_NAME}", "--output=json"))
+        crd = json.loads(kubectl(kubeconfig, "get", f"crd/{name}", "--output=json"))
         conditions = crd.get("status", {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
-    wait_until(f"the CRD {CRD_NAME} to be established", established, 30, {})
+    wait_until(f"the CRD {name} to be established", established, 30, {})
 
 
 def crd_installed(kubeconfig: Path = KUBECONFIG) -> bool:

@@ -150,6 +150,7 @@ class Controller:
     # Whether kopf watches MPIJobs: it looks up the kinds it watches once, when it starts.
     watches_mpijobs: Callable[[], bool] = lambda: True
     watches_workloads: Callable[[], bool] = lambda: True  # Kueue's, the same way
+    synced: set[Key] = field(default_factory=set)  # reconciled since we started
 
     def __post_init__(self) -> None:
         self.expectations = Expectations(self.config.expectation_timeout)
@@ -170,6 +171,7 @@ class Controller:
         self.mpijobs.pop(key, None)
         self.expectations.forget(key)
         self.failures.pop(key, None)
+        self.synced.discard(key)
 
     def pod_changed(self, key: Key, pod_name: str, window: float) -> None:
         self.expectations.observe(key, pod_name)
@@ -275,6 +277,9 @@ class Controller:
             self.queue.add(key, after=delay)
         else:
             self.failures.pop(key, None)
+            if key not in self.synced:
+                self.synced.add(key)
+                metrics.JOBS_SYNCED.inc()
 
     async def _act(
         self, key: Key, body: dict[str, Any], job: DDPTrainingJob, action: Action

@@ -16,6 +16,11 @@ from kube_ddp.api import JobStatus
 RECONCILE_ERRORS = Counter(
     "kubeddp_reconcile_errors", "Reconciles that failed (each is retried with a growing delay)"
 )
+JOBS_SYNCED = Counter(
+    "kubeddp_jobs_synced",
+    "Jobs reconciled since the operator started, each counted once (a job created again, once "
+    "more): after a restart it reaches the number of live jobs once the operator caught up",
+)
 GROUP_RESTARTS = Counter("kubeddp_group_restarts", "Group restarts of DDPTrainingJobs")
 TIME_TO_RUNNING = Histogram(
     "kubeddp_time_to_running_seconds",

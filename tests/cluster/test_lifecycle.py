@@ -193,6 +193,7 @@ def test_metrics_and_liveness(cluster: Cluster, namespace: str, jobs: Jobs, tmp_
         assert metric(text, 'kubeddp_jobs{phase="Running"}') == 1
         assert metric(text, "kubeddp_time_to_running_seconds_count") == 1
         assert metric(text, "kubeddp_group_restarts_total") == 0
+        assert metric(text, "kubeddp_jobs_synced_total") == 1  # however often it was reconciled
         jobs.end_worker("watched-worker-1", 137)
         jobs.wait_pods("watched", 2, attempt=1)
 

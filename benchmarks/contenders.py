@@ -1,0 +1,252 @@
+"""The controllers the operator benchmark compares: kube-ddp and Kubeflow's peers, each with the
+job kind it runs, run as a process against the same local control plane.
+
+| contender | job of N workers | its worker pods | the pod whose exit 0 ends it |
+| --- | --- | --- | --- |
+| kube-ddp | DDPTrainingJob, `nodes: N` | `<job>-worker-<i>` | worker 0 |
+| MPI Operator | MPIJob, N workers + a launcher | `<job>-worker-<i>` | the launcher |
+| Training Operator | PyTorchJob: Master 1, Worker N-1 | `<job>-master-0`, `-worker-<i>` | master |
+
+(The MPI launcher is the pod of a batch Job the MPI Operator creates.)
+
+Every job asks for `cleanPodPolicy: Running` (kube-ddp's default), so a lifecycle ends the same
+way on each side. The peers' client rate limits are raised from their defaults (MPI Operator 5
+requests/s, Training Operator 20) to 50 requests/s, bursts of 100, and both get 4 reconcile
+workers: kube-ddp has no client-side limit and 8 workers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kube_ddp import names
+from tests.cluster.support import load_dev_cluster
+
+KUBE_DDP = Path(sys.executable).with_name("kube-ddp")
+IMAGE = "registry.invalid/bench:never-pulled"  # kwok runs no container
+PEER_QPS = ("50", "100")  # requests/s and burst, as hack/devcluster/mpioperator.py runs it
+PEER_WORKERS = "4"
+
+
+@dataclass
+class Running:
+    """A contender's controller process while it runs."""
+
+    pid: int
+    # Jobs it has reconciled since it started (after a restart: the live jobs, once caught up).
+    synced: Callable[[], int]
+
+
+def devcluster_processes() -> Any:
+    """hack/devcluster/processes.py: spawning, HTTP checks, commands."""
+    load_dev_cluster()
+    return importlib.import_module("devcluster.processes")
+
+
+def _metric_sum(url: str, name: str, labels: str = "") -> float:
+    """The sum of a Prometheus metric's samples at `url` (0 when absent) whose labels contain
+    `labels`."""
+    status, body = devcluster_processes().http_get(url)
+    if status != 200:
+        return 0.0
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith(name) and labels in line:
+            key, _, value = line.rpartition(" ")
+            if key.split("{")[0] == name:
+                total += float(value)
+    return total
+
+
+class Contender:
+    key: str
+    title: str
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    def manifest(self, name: str, workers: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def worker_pods(self, name: str, workers: int) -> list[str]:
+        raise NotImplementedError
+
+    def finisher(self, core: Any, namespace: str, name: str) -> str:
+        """The pod whose exit 0 ends job `name`."""
+        raise NotImplementedError
+
+    def pods_per_job(self, workers: int) -> int:
+        return workers
+
+    def succeeded(self, job: dict[str, Any]) -> bool:
+        conditions = (job.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Succeeded" and c["status"] == "True" for c in conditions)
+
+    def run(
+        self, kubeconfig: str, namespace: str, scratch: Path
+    ) -> AbstractContextManager[Running]:
+        raise NotImplementedError
+
+    def _metadata(self, name: str) -> dict[str, Any]:
+        return {"apiVersion": f"{self.group}/{self.version}", "kind": self.kind,
+                "metadata": {"name": name}}  # fmt: skip
+
+
+def _container(name: str) -> dict[str, Any]:
+    return {"spec": {"containers": [{"name": name, "image": IMAGE}]}}
+
+
+class KubeDDP(Contender):
+    key, title = "kube-ddp", "kube-ddp"
+    group, version, plural, kind = names.GROUP, names.VERSION, names.PLURAL, names.KIND
+
+    def manifest(self, name: str, workers: int) -> dict[str, Any]:
+        return {**self._metadata(name), "spec": {"nodes": workers, "image": IMAGE}}
+
+    def worker_pods(self, name: str, workers: int) -> list[str]:
+        return [names.worker_name(name, i) for i in range(workers)]
+
+    def finisher(self, core: Any, namespace: str, name: str) -> str:
+        return names.worker_name(name, 0)
+
+    def succeeded(self, job: dict[str, Any]) -> bool:
+        return (job.get("status") or {}).get("phase") == "Succeeded"
+
+    @contextmanager
+    def run(self, kubeconfig: str, namespace: str, scratch: Path) -> Iterator[Running]:
+        dev_cluster = load_dev_cluster()
+        health, metrics = dev_cluster.free_port(), dev_cluster.free_port()
+        command = [
+            str(KUBE_DDP), "operator", f"--kubeconfig={kubeconfig}", f"--namespace={namespace}",
+            f"--health-port={health}", f"--metrics-port={metrics}", "--log-format=plain",
+        ]  # fmt: skip
+        with open(scratch / f"{self.key}.log", "ab") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            readyz = f"http://127.0.0.1:{health}/readyz"
+            _wait(lambda: devcluster_processes().http_get(readyz)[0] == 200, process, readyz)
+            url = f"http://127.0.0.1:{metrics}/metrics"
+            yield Running(process.pid, lambda: int(_metric_sum(url, "kubeddp_jobs_synced_total")))
+        finally:
+            _stop(process)
+
+
+class MPIOperator(Contender):
+    key, title = "mpi-operator", "MPI Operator"
+    group, version, plural, kind = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
+
+    def manifest(self, name: str, workers: int) -> dict[str, Any]:
+        return {
+            **self._metadata(name),
+            "spec": {
+                "slotsPerWorker": 1,
+                "runPolicy": {"cleanPodPolicy": "Running"},
+                "mpiReplicaSpecs": {
+                    "Launcher": {"replicas": 1, "template": _container("launcher")},
+                    "Worker": {"replicas": workers, "template": _container("worker")},
+                },
+            },
+        }
+
+    def worker_pods(self, name: str, workers: int) -> list[str]:
+        return [f"{name}-worker-{i}" for i in range(workers)]
+
+    def pods_per_job(self, workers: int) -> int:
+        return workers + 1
+
+    def finisher(self, core: Any, namespace: str, name: str) -> str:
+        selector = f"training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=launcher"
+        pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+        return str(pods[0].metadata.name)
+
+    @contextmanager
+    def run(self, kubeconfig: str, namespace: str, scratch: Path) -> Iterator[Running]:
+        mpioperator = load_dev_cluster().mpioperator
+        log = mpioperator.LOG
+        start = log.stat().st_size if log.exists() else 0
+
+        def synced() -> int:
+            with open(log, "rb") as said:
+                said.seek(start)
+                return len(set(re.findall(rb'Finished syncing job "([^"]+)"', said.read())))
+
+        # Its health port, 8080 on every interface, is fixed: wait while something else (a
+        # kube-ddp operator on the real node of another test run, say) holds it.
+        deadline = time.monotonic() + 900
+        while devcluster_processes().http_get(mpioperator.HEALTH_URL)[0] != 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{mpioperator.HEALTH_URL} stayed taken")
+            time.sleep(2)
+        with mpioperator.running(Path(kubeconfig), namespace) as component:
+            yield Running(component["pid"], synced)
+
+
+class TrainingOperator(Contender):
+    key, title = "training-operator", "Training Operator v1"
+    group, version, plural, kind = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
+
+    def manifest(self, name: str, workers: int) -> dict[str, Any]:
+        replicas = {"Master": {"replicas": 1, "template": _container("pytorch")}}
+        if workers > 1:
+            replicas["Worker"] = {"replicas": workers - 1, "template": _container("pytorch")}
+        return {
+            **self._metadata(name),
+            "spec": {"runPolicy": {"cleanPodPolicy": "Running"}, "pytorchReplicaSpecs": replicas},
+        }
+
+    def worker_pods(self, name: str, workers: int) -> list[str]:
+        return [f"{name}-master-0", *(f"{name}-worker-{i}" for i in range(workers - 1))]
+
+    def finisher(self, core: Any, namespace: str, name: str) -> str:
+        return f"{name}-master-0"
+
+    @contextmanager
+    def run(self, kubeconfig: str, namespace: str, scratch: Path) -> Iterator[Running]:
+        peers = load_dev_cluster().peers
+        extra = [f"--kube-api-qps={PEER_QPS[0]}", f"--kube-api-burst={PEER_QPS[1]}",
+                 f"--controller-threads={PEER_WORKERS}"]  # fmt: skip
+        with peers.training_operator(Path(kubeconfig), namespace, scratch, extra) as (
+            process,
+            port,
+        ):
+            url = f"http://127.0.0.1:{port}/metrics"
+            yield Running(
+                process.pid,
+                lambda: int(
+                    _metric_sum(url, "controller_runtime_reconcile_total", 'result="success"')
+                ),
+            )
+
+
+def _wait(ready: Callable[[], bool], process: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not ready():
+        if process.poll() is not None:
+            raise RuntimeError(f"{what}: the process exited with {process.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.1)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+CONTENDERS: dict[str, Contender] = {
+    c.key: c for c in (KubeDDP(), MPIOperator(), TrainingOperator())
+}

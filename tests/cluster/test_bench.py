@@ -1,0 +1,31 @@
+"""The operator benchmark (`make bench`) runs end to end on a tiny size, with Kubeflow's MPI
+Operator and Training Operator built and run beside kube-ddp. No figure is checked against a
+goal: speed is for the benchmark, not for tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import operator_bench
+from benchmarks.contenders import CONTENDERS
+from tests.cluster.support import Cluster
+
+
+@pytest.mark.timeout(1800)  # the MPI Operator's machine-wide lock may make it wait
+def test_operator_benchmark_runs_with_the_peers(cluster: Cluster, tmp_path: Path) -> None:
+    sizes = operator_bench.QUICK
+    results = operator_bench.measure(tmp_path, sizes, list(CONTENDERS.values()))
+    for key in CONTENDERS:
+        assert results["apply2"][key]["n"] == sizes.apply_jobs
+        assert results["burst5"][key]["pods"] == 5 * sizes.burst_workers
+        assert results["completion"][key]["n"] == sizes.completion_jobs
+        # Every lifecycle created pods: the scheduler bound them, whoever made them.
+        assert results["completion"][key]["requests_per_job"]["POST pods/binding"] >= 2
+        restart = results["scale"][key]["restart"]
+        assert restart["jobs"] == sizes.scale_jobs[0]
+    text = operator_bench.render(results, sizes, "pytest")
+    for title in results["contenders"].values():
+        assert title in text
+    assert (tmp_path / "results.json").is_file()
