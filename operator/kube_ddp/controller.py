@@ -64,6 +64,8 @@ MPI_OPERATOR_MISSING = (
     "whose kind this cluster did not serve when kube-ddp started: install the MPI Operator, "
     "then restart kube-ddp; or use launcher: torchrun"
 )
+# Children that need no other to exist: created first, together (see `Controller._act`).
+FIRST_ROUND_KINDS = frozenset({"Service", "ServiceAccount", "Role", "PodGroup"})
 FIRST_RETRY_DELAY = 1.0  # seconds; doubled after each failed reconcile of the same job
 MAX_RETRY_DELAY = 60.0
 
@@ -290,19 +292,18 @@ class Controller:
             kopf.adopt(children, owner=kopf.Body(cast(kopf.RawBody, body)))
             pods = [c for c in children if c["kind"] == "Pod"]
             others = [c for c in children if c["kind"] != "Pod"]
-            # In order: pods name the ServiceAccount, and the RoleBinding its Role, which must
-            # exist first (without `bind`, the API server checks the binder against the Role's
-            # rules, so an operator with least privilege gets a 404 otherwise).
+            # Two rounds, each at once: pods (and an MPIJob's) name the ServiceAccount, and the
+            # RoleBinding its Role, which must exist first (without `bind`, the API server
+            # checks the binder against the Role's rules, so an operator with least privilege
+            # gets a 404 otherwise); then the rest. One round trip less per job than in order.
             if job.spec.launcher == "mpi":  # the MPIJob is expected until the watch shows it
                 self.expectations.expect(key, [job.name], asyncio.get_running_loop().time())
-            for child in others:
-                try:
-                    await self.kube.create(child)
-                except NotFoundError as error:
-                    if child["kind"] != "PodGroup":
-                        raise
-                    raise RefusedError(error.status, gang.not_served(job)) from error
-            await self._create_pods(key, pods)
+            first = [c for c in others if c["kind"] in FIRST_ROUND_KINDS]
+            then = [c for c in others if c["kind"] not in FIRST_ROUND_KINDS]
+            await asyncio.gather(*(self._create_child(job, child) for child in first))
+            await asyncio.gather(
+                *(self._create_child(job, child) for child in then), self._create_pods(key, pods)
+            )
         elif isinstance(action, DeletePods):
             await asyncio.gather(*(self.kube.delete_pod(namespace, pod) for pod in action.names))
         elif isinstance(action, DeleteJob):
@@ -311,6 +312,14 @@ class Controller:
             await self.kube.delete_mpijob(namespace, action.name)
         elif isinstance(action, SuspendMPIJob):
             await self.kube.suspend_mpijob(namespace, action.name, action.suspend)
+
+    async def _create_child(self, job: DDPTrainingJob, child: dict[str, Any]) -> None:
+        try:
+            await self.kube.create(child)
+        except NotFoundError as error:
+            if child["kind"] != "PodGroup":
+                raise
+            raise RefusedError(error.status, gang.not_served(job)) from error
 
     async def _create_pods(self, key: Key, pods: list[dict[str, Any]]) -> None:
         """Create `pods`, expected from before the first request (the watch may show one

@@ -73,15 +73,21 @@ def login(**_: Any) -> kopf.ConnectionInfo:
     return load_credentials()
 
 
+# The indexes are async functions: kopf runs a plain one in a thread pool, a hop that cost about
+# a tenth of the operator's CPU when thousands of pods start (py-spy, docs/BENCHMARKS.md).
 @kopf.index("pods", labels=OUR_PODS)
-def ddp_pods(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> Any:
+async def ddp_pods(
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> Any:
     """Our pods by (namespace, job name), as the status core sees them."""
     job = labels.get(names.LABEL_JOB_NAME)
     return {(namespace, job): PodView.from_pod(body)} if job else None
 
 
 @kopf.index("pods", labels=MPI_PODS)
-def mpi_pods(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> Any:
+async def mpi_pods(
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> Any:
     """launcher mpi: the MPI Operator's launcher and workers by (namespace, job name)."""
     return {(namespace, labels[names.LABEL_JOB_NAME]): PodView.from_mpi_pod(body)}
 
