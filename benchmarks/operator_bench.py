@@ -401,12 +401,18 @@ class Bench:
         return summary(samples)
 
     def scale(
-        self, contender: Contender, sizes: tuple[int, ...], idle: dict[RequestKey, float]
-    ) -> dict[str, Any]:
+        self,
+        contender: Contender,
+        sizes: tuple[int, ...],
+        idle: dict[RequestKey, float],
+        found: dict[str, Any],
+        save: Callable[[], None],
+    ) -> None:
         """Jobs of one worker kept Running: the controller's RSS and CPU seconds with sizes[0]
         jobs; then it is restarted with those live (the restart measure), and the restarted one
-        is taken on to the other sizes."""
-        scale: list[dict[str, float]] = []
+        is taken on to the other sizes. Fills `found` as it goes, calling `save` after each
+        step (the largest size takes long: what was measured before it is kept)."""
+        scale: list[dict[str, float]] = found.setdefault("scale", [])
 
         def grow(running: Running, created: int, jobs: int, cpu_from: float) -> None:
             names = [f"s-{i}" for i in range(created, jobs)]
@@ -420,6 +426,7 @@ class Bench:
                 "wall_s": time.monotonic() - start,
             }
             scale.append(point)
+            save()
             print(f"  {contender.key}: {json.dumps(point)}", flush=True)
 
         with self.namespace() as namespace:
@@ -440,12 +447,12 @@ class Bench:
                 cpu = cpu_seconds(running.pid)
                 time.sleep(3)  # what it does right after its last first reconcile
                 requests = window.stop()
-                restart = {"jobs": sizes[0], "resync_s": resync, "cpu_s": cpu,
-                           "rss_mib": rss_mib(running.pid), "requests": requests}  # fmt: skip
+                found["restart"] = {"jobs": sizes[0], "resync_s": resync, "cpu_s": cpu,
+                    "rss_mib": rss_mib(running.pid), "requests": _keyed(requests)}  # fmt: skip
+                save()
                 print(f"  {contender.key} restart: {resync:.1f} s", flush=True)
                 for before, jobs in itertools.pairwise(sizes):
                     grow(running, before, jobs, cpu_seconds(running.pid))
-        return {"scale": scale, "restart": restart}
 
 
 def bench_nodes(core: Any, pods: int) -> None:
@@ -517,6 +524,10 @@ def _measure(
         results["load"].append(load)
         print(f"operator bench: {name}, {contender.key} (load {load:.2f}) ...", flush=True)
 
+    def save() -> None:
+        results["minutes"] = (time.monotonic() - started) / 60
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+
     started = time.monotonic()
     results["idle_per_s"] = _keyed(idle_rate(10))
     if "apply" in stages:
@@ -526,6 +537,7 @@ def _measure(
                 with bench.contender(contender, f"apply{workers}") as (namespace, _):
                     found = bench.apply(contender, namespace, sizes.apply_jobs, workers)
                 results.setdefault(f"apply{workers}", {})[contender.key] = found
+                save()
     if "burst" in stages:
         for jobs in sizes.bursts:
             for contender in contenders:
@@ -533,6 +545,7 @@ def _measure(
                 with bench.contender(contender, f"burst{jobs}") as (namespace, _):
                     found = bench.burst(contender, namespace, jobs, sizes.burst_workers)
                 results.setdefault(f"burst{jobs}", {})[contender.key] = found
+                save()
                 print(f"  {json.dumps(found)}", flush=True)
     if "completion" in stages:
         for contender in contenders:
@@ -544,15 +557,16 @@ def _measure(
                 key: count / sizes.completion_jobs for key, count in _keyed(window.result).items()
             }
             results.setdefault("completion", {})[contender.key] = found
+            save()
     if "scale" in stages:
         idle = idle_rate(10)
-        for contender in contenders:
+        # kube-ddp last: its largest size takes longest (a quarter of an hour for 10,000).
+        for contender in [*contenders[1:], contenders[0]]:
             upto = max(sizes.scale_jobs) if contender.key == "kube-ddp" else sizes.scale_peers_upto
             steps = tuple(n for n in sizes.scale_jobs if n <= upto)
             stage(f"scale {steps} and restart", contender)
-            found = bench.scale(contender, steps, idle)
-            found["restart"]["requests"] = _keyed(found["restart"]["requests"])
-            results.setdefault("scale", {})[contender.key] = found
+            found = results.setdefault("scale", {}).setdefault(contender.key, {})
+            bench.scale(contender, steps, idle, found, save)
     results["minutes"] = (time.monotonic() - started) / 60
     (out / "results.json").write_text(json.dumps(results, indent=1))
     return results
@@ -738,6 +752,7 @@ def _goals(results: dict[str, Any], sizes: Sizes) -> list[str]:
         top = scale["scale"][-1]
         label = f"kube-ddp RSS with {top['jobs']:,} jobs"
         rows.append((label, f"{top['rss_mib']:.0f} MiB", "<= 300 MiB", top["rss_mib"] <= 300))
+    if scale and "restart" in scale:
         restart = scale["restart"]
         label = f"kube-ddp re-sync of {restart['jobs']:,} jobs after a restart"
         rows.append((label, f"{restart['resync_s']:.1f} s", "<= 30 s", restart["resync_s"] <= 30))
@@ -822,7 +837,9 @@ def _scale_section(results: dict[str, Any], scale: dict[str, Any], keys: list[st
             f"| {jobs:,} jobs: CPU seconds | {_cells(cpu, keys, lambda x: f'{x:.1f} s')} |",
             f"| {jobs:,} jobs: wall time to all Running | {_cells(wall, keys, seconds)} |",
         ]
-    restart = {k: v["restart"] for k, v in scale.items()}
+    restart = {k: v["restart"] for k, v in scale.items() if "restart" in v}
+    if not restart:
+        return lines
     jobs = next(iter(restart.values()))["jobs"]
     lines += [
         "",
