@@ -24,7 +24,7 @@ help:
 	@echo "make lint            ruff, mypy, hadolint, actionlint"
 	@echo "make crds            regenerate the CRD (manifests/ and the chart's crds/) from the API models"
 	@echo "make manifests       crds + the chart's generated files + manifests/install.yaml"
-	@echo "make bench           benchmarks (results: docs/BENCHMARKS.md)"
+	@echo "make bench           benchmarks, the operator beside Kubeflow's (results: docs/BENCHMARKS.md)"
 	@echo "make cluster-up      start the local control plane (etcd, apiserver, kwok, ...)"
 	@echo "make cluster-down    stop it; make cluster-status shows it"
 	@echo "make cluster-build   build the control plane binaries (cached in $(CACHE_DIR))"

@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from devcluster.build import MPI_OPERATOR_VERSION, MPIJOB_CRD_FILE, binary, built
@@ -111,8 +111,11 @@ def _clear_lease(kubeconfig: Path) -> None:
 
 
 @contextlib.contextmanager
-def running(kubeconfig: Path = KUBECONFIG, namespace: str | None = None) -> Iterator[Component]:
-    """The MPI Operator, leading, watching `namespace` (all when None), until the block ends."""
+def running(
+    kubeconfig: Path = KUBECONFIG, namespace: str | None = None, extra_args: Sequence[str] = ()
+) -> Iterator[Component]:
+    """The MPI Operator, leading, watching `namespace` (all when None), until the block ends;
+    `extra_args` are added to its command line."""
     operator = built(NAME)
     install_crd(kubeconfig)
     with machine_lock():
@@ -134,6 +137,7 @@ def running(kubeconfig: Path = KUBECONFIG, namespace: str | None = None) -> Iter
             "--kube-api-burst=100",
             "--threadiness=4",
             "-v=2",
+            *extra_args,
         ]
         LOGS.mkdir(parents=True, exist_ok=True)
         # KUBECONFIG in its environment would override --kubeConfig.

@@ -113,9 +113,14 @@ def training_operator(
         )
         yield process, metrics
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
+
+
+def stop(process: subprocess.Popen[bytes], grace: float = 20) -> None:
+    """SIGTERM to a process this one started, then SIGKILL after `grace` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
