@@ -630,7 +630,7 @@ def render(results: dict[str, Any], sizes: Sizes, command: str) -> str:
     lines = [
         "## Operator, side by side with Kubeflow's controllers",
         "",
-        f"Command: `{command}`. Results of one run ({results['minutes']:.0f} min), written by it;",
+        f"Command: `{command}`. Results of one run ({results['minutes']:.0f} min);",
         "raw figures in `.bench/results.json` (git-ignored).",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, {cpu_model()}, "
@@ -734,6 +734,12 @@ def _notes(results: dict[str, Any]) -> list[str]:
         if len(points) > 1
         else ""
     )
+    per_job = (
+        f" (it spent {1000 * (points[-1]['cpu_s']) / (points[-1]['jobs'] - points[-2]['jobs']):.0f}"
+        " CPU-ms per job from the smaller scale size to the larger)"
+        if len(points) > 1
+        else ""
+    )
     return [
         "### Notes",
         "",
@@ -766,9 +772,8 @@ def _notes(results: dict[str, Any]) -> list[str]:
         "  after another. `kubeddp_jobs_synced_total` (jobs reconciled since the start) was added",
         "  for the restart measure.",
         "- What is a limit of the design: one Python process running kopf decodes every watch",
-        "  event of its jobs and pods and handles it on one thread, so its CPU seconds per job",
-        "  stay several times a Go controller's (the CPU rows above), and a burst is bounded",
-        "  by that thread once the API server answers fast enough.",
+        "  event of its jobs and pods and handles it on one thread, and cannot use a second",
+        "  core: its throughput in a burst is bounded by what one core can do" + per_job + ".",
         "- Kubeflow Trainer v2 and JobSet are not in the table: they run out of cluster here",
         "  too, but each needs a Go build and webhook certificates of its own, and the Trainer",
         "  a TrainingRuntime; that was not done in the time of this change.",
@@ -940,8 +945,10 @@ def plot(results: dict[str, Any], sizes: Sizes) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     titles = results["contenders"]
+    colors = {key: f"C{i}" for i, key in enumerate(titles)}  # one color per controller
     panels = [w for w in sizes.apply_workers if f"apply{w}" in results]
     if panels:
         figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
@@ -949,8 +956,9 @@ def plot(results: dict[str, Any], sizes: Sizes) -> None:
             for key, found in results[f"apply{workers}"].items():
                 ordered = sorted(found["samples"])
                 fraction = [(i + 1) / len(ordered) for i in range(len(ordered))]
-                axis.step(ordered, fraction, where="post", label=titles[key])
+                axis.step(ordered, fraction, where="post", label=titles[key], color=colors[key])
             axis.set_xscale("log")
+            axis.xaxis.set_minor_formatter(NullFormatter())
             axis.set_xlabel("apply -> all worker pods exist (s)")
             axis.set_ylabel("fraction of jobs")
             axis.set_title(f"{sizes.apply_jobs} jobs of {workers} workers")
@@ -961,10 +969,11 @@ def plot(results: dict[str, Any], sizes: Sizes) -> None:
         plt.close(figure)
     if "scale" in results:
         figure, axis = plt.subplots(figsize=(5.5, 3.6))
-        for key, found in results["scale"].items():
-            points = [(0, None), *((p["jobs"], p["rss_mib"]) for p in found["scale"])]
-            xs = [x for x, y in points if y is not None]
-            axis.plot(xs, [y for _, y in points if y is not None], marker="o", label=titles[key])
+        for key in titles:
+            found = results["scale"].get(key, {"scale": []})
+            xs = [p["jobs"] for p in found["scale"]]
+            ys = [p["rss_mib"] for p in found["scale"]]
+            axis.plot(xs, ys, marker="o", label=titles[key], color=colors[key])
         axis.set_xscale("log")
         axis.set_xlabel("jobs with pods Running")
         axis.set_ylabel("controller RSS (MiB)")
