@@ -7,10 +7,10 @@ from that module and applied server-side. What it needs and cannot be told by a 
 - a cert-controller rotator, always on, that Gets and fills the Secret
   `training-operator-webhook-cert` in `$MY_POD_NAMESPACE` (which must exist) and waits for
   `tls.crt` in the hard-coded /tmp/k8s-webhook-server/serving-certs before any controller starts.
-  It runs in a private mount namespace with its own tmpfs on /tmp holding a self-signed cert, so
-  the host's /tmp is never touched and two runs never share the directory. No webhook
-  configuration is registered: the API server never calls its webhook (the rotator logs
-  "Webhook not found" and goes on).
+  It runs in a private mount namespace with its own tmpfs on /tmp holding a self-signed cert and
+  a copy of the kubeconfig, so the host's /tmp is never touched and two runs never share it.
+  No webhook configuration is registered: the API server never calls its webhook (the rotator
+  logs "Webhook not found" and goes on).
 - its webhook server binds every interface: on a free port.
 """
 
@@ -36,12 +36,15 @@ PYTORCHJOB_CRD = "pytorchjobs.kubeflow.org"
 OPERATOR_NAMESPACE = "kubeflow"
 WEBHOOK_SECRET = "training-operator-webhook-cert"
 CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"  # hard-coded in its pkg/cert
-# Started in a new mount namespace: /tmp is a fresh tmpfs there, holding only the cert.
-# The cert is read before the tmpfs hides a directory under /tmp that holds it.
+# Started in a new mount namespace: /tmp is a fresh tmpfs there, holding only the cert and the
+# kubeconfig ($0 is the cert directory, $1 the kubeconfig). Both are read before the tmpfs
+# hides them: a clone, or pytest's scratch directory, may well live under /tmp.
+PRIVATE_KUBECONFIG = "/tmp/kubeconfig"
 IN_PRIVATE_TMP = (
-    'crt=$(cat "$0"/tls.crt) && key=$(cat "$0"/tls.key) && mount -t tmpfs tmpfs /tmp && '
-    'mkdir -p "$CERT_DIR" && printf "%s\\n" "$crt" > "$CERT_DIR"/tls.crt && '
-    'printf "%s\\n" "$key" > "$CERT_DIR"/tls.key && exec "$@"'
+    'crt=$(cat "$0"/tls.crt) && key=$(cat "$0"/tls.key) && config=$(cat "$1") && shift && '
+    'mount -t tmpfs tmpfs /tmp && mkdir -p "$CERT_DIR" && '
+    'printf "%s\\n" "$crt" > "$CERT_DIR"/tls.crt && printf "%s\\n" "$key" > "$CERT_DIR"/tls.key && '
+    f'printf "%s\\n" "$config" > {PRIVATE_KUBECONFIG} && exec "$@"'
 )
 
 
@@ -90,8 +93,9 @@ def training_operator(
     health, metrics = free_port(), free_port()
     argv = [
         "unshare", "--mount", "--propagation", "private", "sh", "-c", IN_PRIVATE_TMP, str(certs),
+        str(kubeconfig),
         str(built(TRAINING_OPERATOR)),
-        f"--kubeconfig={kubeconfig}",
+        f"--kubeconfig={PRIVATE_KUBECONFIG}",
         "--enable-scheme=pytorchjob",
         f"--namespace={namespace}",
         f"--webhook-server-port={free_port()}",
