@@ -507,7 +507,7 @@ def _measure(
     bench = Bench(kubeconfig, out)
     dev_cluster = load_dev_cluster()
     crd = REPO / "manifests" / "crd.yaml"
-    dev_cluster.mpioperator.apply_crd(Path(kubeconfig), crd, "ddptrainingjobs.kubeddp.io")
+    dev_cluster.controlplane.apply_crds([crd], ["ddptrainingjobs.kubeddp.io"], Path(kubeconfig))
     most_pods = max(
         [sizes.burst_workers * n + n for n in sizes.bursts if "burst" in stages]
         + [2 * n for n in sizes.scale_jobs if "scale" in stages]

@@ -12,7 +12,8 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypedDict
 
 from devcluster.build import binary, build_all
@@ -323,17 +324,45 @@ def start_cluster(owner: str) -> State:
     return state
 
 
-def kubectl(*args: str, stdin: str | None = None) -> str:
+def kubectl(
+    *args: str, stdin: str | None = None, kubeconfig: Path = KUBECONFIG, check: bool = True
+) -> str:
     result = subprocess.run(
-        [str(binary("kubectl")), f"--kubeconfig={KUBECONFIG}", *args],
+        [str(binary("kubectl")), f"--kubeconfig={kubeconfig}", *args],
         input=stdin,
         capture_output=True,
         text=True,
         check=False,
     )
-    if result.returncode != 0:
+    if check and result.returncode != 0:
         raise ClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
     return result.stdout
+
+
+def apply_crds(files: Sequence[Path], names: Sequence[str], kubeconfig: Path = KUBECONFIG) -> None:
+    """Apply CRDs read from a module, server-side (some are too large for the last-applied
+    annotation), and wait until the CRDs `names` are established."""
+    kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        *(f"--filename={f}" for f in files),
+        kubeconfig=kubeconfig,
+    )
+    listed = [f"crd/{name}" for name in names]
+
+    # Polled: `kubectl wait` (and a jsonpath filter) fail outright while a new CRD has no
+    # conditions yet.
+    def established() -> bool:
+        got = json.loads(kubectl("get", *listed, "--output=json", kubeconfig=kubeconfig))
+        crds = got.get("items", [got])  # one name gives the object itself, not a List
+        return all(
+            any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+            for crd in crds
+            for conditions in [crd.get("status", {}).get("conditions") or []]
+        )
+
+    wait_until(f"the CRDs {', '.join(names)} to be established", established, 60, {})
 
 
 def down() -> bool:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from devcluster.build import KUEUE_CRDS, built
-from devcluster.controlplane import State, free_port, kubectl
+from devcluster.controlplane import State, apply_crds, free_port, kubectl
 from devcluster.paths import LOGS, PKI, RUN, ClusterError, log
 from devcluster.pki import new_certificate
 from devcluster.processes import Component, is_healthy, spawn_to, stop_component, wait_until
@@ -89,19 +89,7 @@ def webhook_configurations(manifests: Path, port: int, ca_bundle: str) -> list[d
 
 def _apply_crds(bin_dir: Path) -> None:
     files = [bin_dir / f"kueue.x-k8s.io_{crd}.yaml" for crd in KUEUE_CRDS]
-    kubectl("apply", "--server-side", "--force-conflicts", *(f"--filename={f}" for f in files))
-    names = [f"crd/{crd}.kueue.x-k8s.io" for crd in KUEUE_CRDS]
-
-    # Polled: `kubectl wait` can fail outright while a new CRD has no conditions yet.
-    def established() -> bool:
-        listed = json.loads(kubectl("get", *names, "--output=json"))
-        return all(
-            any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-            for crd in listed["items"]
-            for conditions in [crd.get("status", {}).get("conditions") or []]
-        )
-
-    wait_until("Kueue's CRDs to be established", established, 60, {})
+    apply_crds(files, [f"{crd}.kueue.x-k8s.io" for crd in KUEUE_CRDS])
 
 
 def _remove(bin_dir: Path) -> None:

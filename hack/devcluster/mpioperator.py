@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
-import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from devcluster.build import MPI_OPERATOR_VERSION, MPIJOB_CRD_FILE, binary, built
+from devcluster.build import MPI_OPERATOR_VERSION, MPIJOB_CRD_FILE, built
+from devcluster.controlplane import apply_crds, kubectl
 from devcluster.paths import CACHE_DIR, KUBECONFIG, LOGS, ClusterError, log
 from devcluster.processes import Component, http_get, spawn, stop_component, wait_until
 
@@ -36,45 +35,18 @@ def crd_file() -> Path:
     return built(NAME).parent / Path(MPIJOB_CRD_FILE).name
 
 
-def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> str:
-    result = subprocess.run(
-        [str(binary("kubectl")), f"--kubeconfig={kubeconfig}", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if check and result.returncode != 0:
-        raise ClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
-    return result.stdout
-
-
 def install_crd(kubeconfig: Path = KUBECONFIG) -> None:
     """Apply the MPIJob CRD."""
-    apply_crd(kubeconfig, crd_file(), CRD_NAME)
-
-
-def apply_crd(kubeconfig: Path, file: Path, name: str) -> None:
-    """Apply a CRD read from a module (server-side: the MPIJob's is too large for the
-    last-applied annotation) and wait until it is established."""
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", f"--filename={file}")
-
-    # Not `kubectl wait` (nor a jsonpath filter): both fail outright while a new CRD has no
-    # conditions yet.
-    def established() -> bool:
-        crd = json.loads(kubectl(kubeconfig, "get", f"crd/{name}", "--output=json"))
-        conditions = crd.get("status", {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    wait_until(f"the CRD {name} to be established", established, 30, {})
+    apply_crds([crd_file()], [CRD_NAME], kubeconfig)
 
 
 def crd_installed(kubeconfig: Path = KUBECONFIG) -> bool:
-    return bool(kubectl(kubeconfig, "get", f"crd/{CRD_NAME}", "--ignore-not-found"))
+    return bool(kubectl("get", f"crd/{CRD_NAME}", "--ignore-not-found", kubeconfig=kubeconfig))
 
 
 def remove_crd(kubeconfig: Path = KUBECONFIG) -> None:
     """Delete the MPIJob CRD (and so every MPIJob): the cluster no longer serves the kind."""
-    kubectl(kubeconfig, "delete", f"crd/{CRD_NAME}", "--ignore-not-found", "--wait=true")
+    kubectl("delete", f"crd/{CRD_NAME}", "--ignore-not-found", "--wait=true", kubeconfig=kubeconfig)
 
 
 @contextlib.contextmanager
@@ -99,7 +71,6 @@ def machine_lock(timeout: float = LOCK_WAIT) -> Iterator[None]:
 def _clear_lease(kubeconfig: Path) -> None:
     # It does not release its Lease when it stops: the next one would wait ~17 s for it.
     kubectl(
-        kubeconfig,
         "--namespace",
         LOCK_NAMESPACE,
         "delete",
@@ -107,6 +78,7 @@ def _clear_lease(kubeconfig: Path) -> None:
         NAME,
         "--ignore-not-found",
         "--wait=false",
+        kubeconfig=kubeconfig,
     )
 
 
@@ -123,9 +95,9 @@ def running(
             raise ClusterError(
                 "something already serves 127.0.0.1:8080, the MPI Operator's fixed health port"
             )
-        existing = kubectl(kubeconfig, "get", "namespace", LOCK_NAMESPACE, check=False)
+        existing = kubectl("get", "namespace", LOCK_NAMESPACE, kubeconfig=kubeconfig, check=False)
         if not existing:
-            kubectl(kubeconfig, "create", "namespace", LOCK_NAMESPACE)
+            kubectl("create", "namespace", LOCK_NAMESPACE, kubeconfig=kubeconfig)
         _clear_lease(kubeconfig)
         argv = [
             str(operator),

@@ -25,8 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from devcluster.build import PYTORCHJOB_CRD_FILE, built
-from devcluster.controlplane import free_port
-from devcluster.mpioperator import apply_crd, kubectl
+from devcluster.controlplane import apply_crds, free_port, kubectl
 from devcluster.pki import new_key, openssl
 from devcluster.processes import is_healthy, wait_until
 
@@ -66,7 +65,7 @@ def self_signed_cert(directory: Path) -> None:
 
 def prepare_training_operator(kubeconfig: Path, scratch: Path) -> None:
     """Its CRD, and the namespace and (empty) Secret its cert rotator insists on."""
-    apply_crd(kubeconfig, pytorchjob_crd_file(), PYTORCHJOB_CRD)
+    apply_crds([pytorchjob_crd_file()], [PYTORCHJOB_CRD], kubeconfig)
     objects = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}},
         {
@@ -77,7 +76,7 @@ def prepare_training_operator(kubeconfig: Path, scratch: Path) -> None:
     ]
     manifest = scratch / "training-operator-objects.json"
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
-    kubectl(kubeconfig, "apply", "--server-side", f"--filename={manifest}")
+    kubectl("apply", "--server-side", f"--filename={manifest}", kubeconfig=kubeconfig)
 
 
 @contextlib.contextmanager

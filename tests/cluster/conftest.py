@@ -21,10 +21,9 @@ import pytest
 
 from tests.cluster.helm_support import Helm, helm_binary
 from tests.cluster.operator_support import Jobs, OperatorProcess, running_operator
-from tests.cluster.support import Cluster, fresh_namespace, load_dev_cluster
+from tests.cluster.support import IN_CI, Cluster, fresh_namespace, load_dev_cluster
 
 HERE = Path(__file__).resolve().parent
-IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -11,9 +11,9 @@ import pytest
 
 from kube_ddp import names
 from tests.cluster.operator_support import Jobs, job_manifest
+from tests.cluster.support import debian_tools
 from tests.e2e.platform import DevPlatform, Platform
 from tests.e2e.test_jobs import DIGITS, TRAINING_TIMEOUT
-from tests.trainer.test_launchers import debian_tools
 
 pytestmark = pytest.mark.usefixtures("mpi_operator")
 

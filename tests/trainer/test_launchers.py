@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from kube_ddp.builders import BuildSettings, build_mpijob
-from tests.cluster.support import load_dev_cluster
+from tests.cluster.support import debian_tools
 from tests.trainer import support
 from tests.unit.support import make_job
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
 TARGET = {
     "dataset": "mnist",
     "epochs": 6,
@@ -41,21 +40,6 @@ done
 shift  # the host
 exec /bin/sh -c "$*"
 """
-
-
-def debian_tools(tools: dict[str, str], why: str) -> None:
-    """Make sure `tools` (binary -> Debian package) are installed; outside CI, skip when they
-    are missing and cannot be installed (not root)."""
-    dev_cluster = load_dev_cluster()
-    absent = dev_cluster.packages.missing(tools)
-    if not absent:
-        return
-    try:
-        dev_cluster.packages.install(sorted({tools[t] for t in absent}), why)
-    except dev_cluster.ClusterError as error:
-        if IN_CI:
-            raise
-        pytest.skip(str(error))
 
 
 def venv_first_path() -> str:
@@ -112,20 +96,14 @@ def test_mpirun_runs_the_rendered_launcher_command_across_two_hosts(
 # --- Slurm ------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def slurm_conf(directory: Path, host: str) -> str:
     """One node (this machine), auth/none: no munge, nothing written outside `directory`."""
     return "\n".join(
         [
             "ClusterName=kube-ddp-test",
             f"SlurmctldHost={host}(127.0.0.1)",
-            f"SlurmctldPort={free_port()}",
-            f"SlurmdPort={free_port()}",
+            f"SlurmctldPort={support.free_port()}",
+            f"SlurmdPort={support.free_port()}",
             f"SlurmUser={os.environ.get('USER') or 'root'}",
             f"SlurmdUser={os.environ.get('USER') or 'root'}",
             "AuthType=auth/none",
