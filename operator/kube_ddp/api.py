@@ -20,7 +20,6 @@ from pydantic import (
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -768,50 +767,3 @@ def load_job(document: Any, namespace: str | None = None) -> DDPTrainingJob:
             update={"metadata": job.metadata.model_copy(update={"namespace": namespace})}
         )
     return job
-
-
-# A value of the wrong JSON type; as on the API server, nothing is converted.
-_TYPE_ERRORS = frozenset(
-    {
-        "int_type",
-        "int_from_float",
-        "float_type",
-        "bool_type",
-        "string_type",
-        "dict_type",
-        "list_type",
-        "model_type",
-    }
-)
-
-
-def _what_was_given(value: Any, expected: str) -> str:
-    if isinstance(value, str):
-        return f" (got the string {value!r}: write it without quotes)"
-    if isinstance(value, bool):
-        return f" (got the boolean {str(value).lower()})"
-    if isinstance(value, int | float):
-        return f" (got the number {value}" + (": quote it)" if expected == "string_type" else ")")
-    kinds = {type(None): "null", dict: "a mapping", list: "a list"}
-    return f" (got {kinds.get(type(value), type(value).__name__)})"
-
-
-def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
-    """One line per problem: the field path as written in YAML, then what is wrong."""
-    lines = []
-    for item in error.errors(include_url=False):
-        path = prefix
-        for part in item["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        message = str(item["msg"]).removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown field: check its spelling (keys are camelCase)"
-        elif item["type"] == "missing":
-            message = "required field is missing"
-        shown = item.get("input")
-        if item["type"] in ("literal_error", "enum") and shown is not None:
-            message += f" (got {shown!r})"
-        elif item["type"] in _TYPE_ERRORS:
-            message += _what_was_given(shown, item["type"])
-        lines.append(f"{path or '<document>'}: {message}")
-    return lines

@@ -7,26 +7,20 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
-from kube_ddp import clusterview, names
-from kube_ddp.api import DDPTrainingJob, describe_errors, load_job
+from kube_ddp import clusterview
 from kube_ddp.builders import BuildSettings, build_children
 from kube_ddp.config import LeaseSettings, OperatorConfig, default_namespace
 from kube_ddp.crd import custom_resource_definition
+from kube_ddp.jobfile import InputError, read_jobs
 from kube_ddp.local import command as local_command
 
 EXIT_USAGE = 2
 DEFAULTS = OperatorConfig()
 LOG_FORMATS = ("full", "json", "plain")  # kopf.LogFormat's members, lower-cased
-
-
-class InputError(Exception):
-    """Bad input: printed as is, one problem a line, and the command exits 2."""
 
 
 class _PlainDumper(yaml.SafeDumper):
@@ -38,42 +32,6 @@ class _PlainDumper(yaml.SafeDumper):
 
 def dump_yaml(objects: Sequence[Any]) -> str:
     return yaml.dump_all(objects, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """One line: where the parser gave up, and why."""
-    mark = getattr(error, "problem_mark", None)
-    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-    if mark is None:
-        return str(problem)
-    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
-
-
-def read_jobs(path: str, namespace: str | None) -> list[DDPTrainingJob]:
-    """Every DDPTrainingJob in a YAML file ('-' for stdin), validated by the API models."""
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as error:
-        raise InputError(f"{path}: cannot read: {error.strerror}") from error
-    try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as error:
-        raise InputError(f"{path}: not valid YAML: {_yaml_problem(error)}") from error
-    if not documents:
-        raise InputError(f"{path}: no DDPTrainingJob in the file")
-    jobs, problems = [], []
-    for number, document in enumerate(documents, start=1):
-        where = path if len(documents) == 1 else f"{path} (document {number})"
-        if not isinstance(document, dict):
-            problems.append(f"{where}: expected a {names.KIND} mapping")
-            continue
-        try:
-            jobs.append(load_job(document, namespace))
-        except ValidationError as error:
-            problems += [f"{where}: {line}" for line in describe_errors(error)]
-    if problems:
-        raise InputError("\n".join(problems))
-    return jobs
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
@@ -247,8 +205,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m kube_ddp.cli`: run the importable module's main, so that subcommands
-    # importing kube_ddp.cli (for InputError) raise the class this main catches.
-    from kube_ddp.cli import main as importable_main
-
-    sys.exit(importable_main())
+    sys.exit(main())

@@ -23,7 +23,7 @@ import kopf
 from pydantic import ValidationError
 
 from kube_ddp import gang, kueue, metrics, names
-from kube_ddp.api import DDPTrainingJob, JobStatus, describe_errors, load_job
+from kube_ddp.api import DDPTrainingJob, JobStatus, load_job
 from kube_ddp.builders import (
     BuildSettings,
     build_children,
@@ -32,6 +32,7 @@ from kube_ddp.builders import (
     job_labels,
 )
 from kube_ddp.config import OperatorConfig
+from kube_ddp.jobfile import describe_errors
 from kube_ddp.kube import (
     Kube,
     NotFoundError,

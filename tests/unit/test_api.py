@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from kube_ddp import names
-from kube_ddp.api import Model, Rule, describe_errors, load_job
+from kube_ddp.api import Model, Rule, load_job
+from kube_ddp.jobfile import describe_errors
 from tests.api_cases import REJECTIONS, Rejection
 from tests.unit.support import job_document, make_job
 

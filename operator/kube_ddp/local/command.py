@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kube_ddp.jobfile import InputError, read_jobs
 from kube_ddp.local.plan import LocalRunError, Machine, Overrides
 from kube_ddp.local.runner import RunOptions, run_local
 
@@ -44,8 +45,6 @@ def add_parser(commands: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from kube_ddp.cli import InputError, read_jobs
-
     if not args.local:
         raise InputError(
             "kube-ddp run: pass --local to run the job on this machine "

@@ -25,9 +25,10 @@ from pydantic import ValidationError
 
 from ddp_trainer import report
 from kube_ddp import names
-from kube_ddp.api import DDPTrainingJob, describe_errors, load_job
+from kube_ddp.api import DDPTrainingJob, load_job
 from kube_ddp.builders import BuildSettings, build_children
 from kube_ddp.expansion import container_argv, resolve_env
+from kube_ddp.jobfile import describe_errors
 
 LOCALHOST = "127.0.0.1"
 # Inherited from the shell, these would tell a worker it runs under another launcher or job.
