@@ -12,11 +12,11 @@ docs/dev-cluster.md describe it.
 | node | the real node: containerd, CNI, kubelet, CoreDNS; `up`, `down` |
 | images | the real node's images, made here |
 | host | what the real node changes on the host, recorded and put back |
-| packages | Debian packages, installed with apt-get when a tool is missing |
+| packages | each host tool the cluster and the tiers run, and its Debian package |
 | mpioperator | the Kubeflow MPI Operator, run against the cluster |
 | kueue | Kueue, run out of cluster for the tests of kube-ddp's Kueue contract |
 | peers | Kubeflow's Training Operator v1, run against the cluster (`make bench`'s peer) |
-| cli | `hack/dev-cluster.py build|up|down|status|mpi-operator|kueue|tool` |
+| cli | `hack/dev-cluster.py build|up|down|status|mpi-operator|kueue|packages|tool` |
 
 What tests and benchmarks use is re-exported here.
 """

@@ -1,4 +1,4 @@
-"""`hack/dev-cluster.py build|up|down|status|mpi-operator|kueue|tool`: the command line."""
+"""`hack/dev-cluster.py build|up|down|status|mpi-operator|kueue|packages|tool`: the command line."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import devcluster
-from devcluster import controlplane, kueue, mpioperator, node
+from devcluster import controlplane, kueue, mpioperator, node, packages
 from devcluster.build import BUILDS, build_all, built
 from devcluster.paths import KUBECONFIG, STATE_DIR, BuildError, ClusterError, log
 from devcluster.processes import is_alive
@@ -27,6 +27,13 @@ def cmd_tool(args: argparse.Namespace) -> int:
     """Run one of the pinned tools (helm, kubectl, actionlint...), built first if need be."""
     tool = built(args.tool)
     return subprocess.run([str(tool), *args.args], check=False).returncode
+
+
+def cmd_packages(_: argparse.Namespace) -> int:
+    """Install the Debian packages of every host tool the test tiers use (as root)."""
+    installed = packages.ensure(packages.NEEDS)
+    print(f"installed {' '.join(installed)}" if installed else "every host tool is installed")
+    return 0
 
 
 def cmd_up(_: argparse.Namespace) -> int:
@@ -119,6 +126,7 @@ def main() -> int:
         ("status", cmd_status, "say what runs"),
         ("mpi-operator", cmd_mpi_operator, "run the Kubeflow MPI Operator here until ^C"),
         ("kueue", cmd_kueue, "run Kueue (its CRDs and webhooks) here until ^C"),
+        ("packages", cmd_packages, "install the Debian packages the test tiers use (root)"),
     ):
         commands.add_parser(name, help=help_text).set_defaults(func=func)
     tool = commands.add_parser("tool", help="run a pinned tool: tool NAME [ARGS...]")

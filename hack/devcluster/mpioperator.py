@@ -9,22 +9,19 @@ machine: `running()` holds a machine-wide lock while it runs (a second caller wa
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from devcluster.build import MPI_OPERATOR_VERSION, MPIJOB_CRD_FILE, built
 from devcluster.controlplane import apply_crds, kubectl
-from devcluster.paths import CACHE_DIR, KUBECONFIG, LOGS, ClusterError, log
+from devcluster.paths import KUBECONFIG, LOGS, ClusterError, log, machine_lock
 from devcluster.processes import Component, http_get, spawn, stop_component, wait_until
 
 NAME = "mpi-operator"
 LOCK_NAMESPACE = "mpi-operator"  # its leader Lease lives here; the namespace must exist
 HEALTH_URL = "http://127.0.0.1:8080/healthz"
 CRD_NAME = "mpijobs.kubeflow.org"
-MACHINE_LOCK = CACHE_DIR / "mpi-operator.lock"
 LEADING = b"Started workers"  # its controller, once it leads and its caches are filled
 LOCK_WAIT = 600.0  # seconds: another clone's test session may hold it that long
 LOG = LOGS / f"{NAME}.log"
@@ -49,25 +46,6 @@ def remove_crd(kubeconfig: Path = KUBECONFIG) -> None:
     kubectl("delete", f"crd/{CRD_NAME}", "--ignore-not-found", "--wait=true", kubeconfig=kubeconfig)
 
 
-@contextlib.contextmanager
-def machine_lock(timeout: float = LOCK_WAIT) -> Iterator[None]:
-    MACHINE_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(MACHINE_LOCK, "w") as lock:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise ClusterError(
-                        f"another MPI Operator held {MACHINE_LOCK} for {timeout:.0f} s "
-                        "(its health port 8080 is fixed, so only one runs per machine)"
-                    ) from None
-                time.sleep(0.5)
-        yield
-
-
 def _clear_lease(kubeconfig: Path) -> None:
     # It does not release its Lease when it stops: the next one would wait ~17 s for it.
     kubectl(
@@ -90,7 +68,11 @@ def running(
     `extra_args` are added to its command line."""
     operator = built(NAME)
     install_crd(kubeconfig)
-    with machine_lock():
+    with machine_lock(
+        NAME,
+        LOCK_WAIT,
+        "another MPI Operator runs (its health port 8080 is fixed: one per machine)",
+    ):
         if http_get(HEALTH_URL)[0] != 0:
             raise ClusterError(
                 "something already serves 127.0.0.1:8080, the MPI Operator's fixed health port"

@@ -17,13 +17,11 @@ only pods meant for it land there.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -31,7 +29,7 @@ from devcluster import images, packages
 from devcluster.build import binary, build_all
 from devcluster.controlplane import State, api_json, kubectl, running_state
 from devcluster.host import HostRecord, read_sysctl, require_root, write_sysctl
-from devcluster.paths import CACHE_DIR, PKI, REPO, ClusterError, log
+from devcluster.paths import PKI, REPO, ClusterError, log, machine_lock
 from devcluster.pki import new_certificate, write_kubeconfig
 from devcluster.processes import Component, is_alive, run, spawn_to, stop_component, wait_until
 
@@ -42,21 +40,12 @@ NODE_DIR = Path("/var/lib/kube-ddp-node")
 RUN_DIR = Path("/run/kube-ddp-node")  # sockets: short paths (108 bytes at most)
 SOCKET = RUN_DIR / "containerd.sock"
 RECORD = NODE_DIR / "node.json"
-LOCK = CACHE_DIR / "real-node.lock"
 THIS_CLONE = str(REPO)
 BRIDGE, GATEWAY, POD_CIDR = "cni0", "10.88.0.1", "10.88.0.0/16"
+# Another clone's test session holds the node this long at most (its e2e tier).
+OTHER_NODE_WAIT = 1800.0
 API_SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service: the first address of the range
-# buildah and mmdebstrap build the operator image from its Dockerfile (devcluster.images).
-APT_PACKAGES = (
-    "containerd",
-    "runc",
-    "containernetworking-plugins",
-    "iptables",
-    "buildah",
-    "mmdebstrap",
-)
-CNI_BIN = Path("/usr/lib/cni")
-NEEDED = ("containerd", "ctr", "runc", "iptables", "buildah", "mmdebstrap")
+CNI_BIN = Path("/usr/lib/cni")  # Debian's containernetworking-plugins (packages.REAL_NODE)
 
 
 class NodeRecord(TypedDict):
@@ -70,13 +59,6 @@ def ctr() -> list[str]:
 
 
 # --- set-up steps ---------------------------------------------------------------------------
-
-
-def install_packages() -> None:
-    """Debian's containerd, runc, CNI plugins and iptables, when missing (as root)."""
-    if packages.missing(NEEDED) or not (CNI_BIN / "bridge").exists():
-        require_root("installing the real node's packages")
-        packages.install(APT_PACKAGES, "the real node")
 
 
 def containerd_config() -> str:
@@ -213,14 +195,6 @@ def api_json_admin(path: str) -> Any:
 # --- up and down ----------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def machine_lock() -> Iterator[None]:
-    LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def read_record() -> NodeRecord | None:
     try:
         record: NodeRecord = json.loads(RECORD.read_text())
@@ -245,30 +219,47 @@ def enabled() -> bool:
     return os.environ.get("KUBEDDP_REAL_NODE", "1") != "0"
 
 
+def _other_clones_node() -> str | None:
+    """The clone whose real node runs here, when it is not this one."""
+    record = read_record()
+    alive = record and any(is_alive(c) for c in record["components"])
+    return record["repo"] if record and alive and record["repo"] != THIS_CLONE else None
+
+
 def up() -> None:
-    """Add the real node to the running control plane (a no-op when it runs)."""
+    """Add the real node to the running control plane (a no-op when it runs). Another clone's
+    node is waited for: there is one per machine."""
     require_root("the real node")
     state = running_state()
     if state is None:
         raise ClusterError("the control plane is not running: `up` starts it first")
-    with machine_lock():
-        record = read_record()
-        if (
-            record
-            and record["repo"] != THIS_CLONE
-            and any(is_alive(c) for c in record["components"])
-        ):
+    deadline, said = time.monotonic() + OTHER_NODE_WAIT, False
+    while True:
+        with machine_lock("real-node"):
+            other = _other_clones_node()
+            if other is None:
+                _up(state)
+                return
+        if time.monotonic() > deadline:
             raise ClusterError(
-                f"a real node of {record['repo']} runs on this machine (one per machine): "
-                "stop it with `make cluster-down` there"
+                f"the real node of {other} ran on this machine for {OTHER_NODE_WAIT:.0f} s "
+                "(one per machine): stop it with `make cluster-down` there"
             )
-        if is_up() and node_ready():
-            return
-        if record:  # whatever a crashed run left, of this clone or a gone one
-            _stop(record)
-        install_packages()
-        build_all()
-        _start(state)
+        if not said:
+            log(f"waiting for the real node of {other} to stop (one per machine)")
+            said = True
+        time.sleep(3)
+
+
+def _up(state: State) -> None:
+    if is_up() and node_ready():
+        return
+    record = read_record()
+    if record:  # whatever a crashed run left, of this clone or a gone one
+        _stop(record)
+    packages.ensure([packages.REAL_NODE])
+    build_all()
+    _start(state)
 
 
 def _start(state: State) -> None:
@@ -344,7 +335,7 @@ def _start(state: State) -> None:
 
 def down() -> bool:
     """Remove the real node and put the host back; True when there was one."""
-    with machine_lock():
+    with machine_lock("real-node"):
         return _down_locked()
 
 

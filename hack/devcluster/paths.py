@@ -3,8 +3,12 @@ and error types every module uses."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,6 +22,9 @@ STATE_FILE = STATE_DIR / "state.json"
 KUBECONFIG = STATE_DIR / "kubeconfig"
 # Built binaries and Go's caches, shared by every clone on the machine.
 CACHE_DIR = Path(os.environ.get("KUBEDDP_CACHE_DIR") or Path.home() / ".cache" / "kube-ddp")
+# Locks for what there is one of per machine (the real node, a fixed port): in the default
+# cache, whichever cache KUBEDDP_CACHE_DIR gives a clone.
+MACHINE_LOCKS = Path.home() / ".cache" / "kube-ddp"
 
 
 class BuildError(RuntimeError):
@@ -26,6 +33,28 @@ class BuildError(RuntimeError):
 
 class ClusterError(RuntimeError):
     pass
+
+
+@contextlib.contextmanager
+def machine_lock(name: str, timeout: float | None = None, why: str = "") -> Iterator[Path]:
+    """Hold the machine-wide lock `name` (waiting `timeout` seconds at most; None: for ever).
+    Opened read-only, so a lock file another user made still locks."""
+    MACHINE_LOCKS.mkdir(parents=True, exist_ok=True)
+    path = MACHINE_LOCKS / f"{name}.lock"
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    try:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
+                break
+            except BlockingIOError:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise ClusterError(f"{path} was held for {timeout:.0f} s: {why}") from None
+                time.sleep(0.5)
+        yield path
+    finally:
+        os.close(fd)
 
 
 def log(message: str) -> None:

@@ -16,7 +16,6 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 import kubernetes
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -163,18 +162,3 @@ def pod_manifest(
 
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
-
-
-def debian_tools(tools: dict[str, str], why: str) -> None:
-    """Make sure `tools` (binary -> Debian package) are installed; outside CI, skip when they
-    are missing and cannot be installed (not root)."""
-    dev_cluster = load_dev_cluster()
-    absent = dev_cluster.packages.missing(tools)
-    if not absent:
-        return
-    try:
-        dev_cluster.packages.install(sorted({tools[t] for t in absent}), why)
-    except dev_cluster.ClusterError as error:
-        if IN_CI:
-            raise
-        pytest.skip(str(error))

@@ -11,9 +11,9 @@ import pytest
 
 from kube_ddp import names
 from tests.cluster.operator_support import Jobs, job_manifest
-from tests.cluster.support import debian_tools
 from tests.e2e.platform import DevPlatform, Platform
 from tests.e2e.test_jobs import DIGITS, TRAINING_TIMEOUT
+from tests.host_tools import require
 
 pytestmark = pytest.mark.usefixtures("mpi_operator")
 
@@ -22,10 +22,7 @@ def test_mpirun_over_ssh_between_pods_trains_to_succeeded(platform: Platform, jo
     if not isinstance(platform, DevPlatform):
         pytest.skip("the MPI Operator runs beside the dev cluster only (hack/devcluster)")
     # The pods run the host's /usr (tests/e2e/platform.py): mpirun, ssh and sshd come from it.
-    debian_tools(
-        {"mpirun": "openmpi-bin", "ssh": "openssh-client", "sshd": "openssh-server"},
-        "MPI between pods",
-    )
+    require("MPI_PODS")
     trainer = {**DIGITS, "model": "mlp", "epochs": 40, "targetAccuracy": 0.9, "patience": 2}
     mpi = {"socketsPerNode": 1, "coresPerProcess": 1, "sshAuthMountPath": "/root/.ssh"}
     spec: dict[str, Any] = {"nodes": 2, "launcher": "mpi", "mpi": mpi, "trainer": trainer}

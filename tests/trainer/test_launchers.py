@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kube_ddp.builders import BuildSettings, build_mpijob
-from tests.cluster.support import debian_tools
+from tests.host_tools import require
 from tests.trainer import support
 from tests.unit.support import make_job
 
@@ -55,7 +55,7 @@ def test_mpirun_runs_the_rendered_launcher_command_across_two_hosts(
 ) -> None:
     """Two "nodes" (127.0.0.2 and .3 in the host file, the way the MPI Operator writes it) of one
     rank each, MASTER_ADDR from the host file's first line, the contract passed on by -x."""
-    debian_tools({"mpirun": "openmpi-bin"}, "mpirun for the trainer tier")
+    require("LAUNCHERS")
     summary = tmp_path / "summary.json"
     job = make_job(
         nodes=2,
@@ -135,7 +135,7 @@ def slurm_conf(directory: Path, host: str) -> str:
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """slurmctld and slurmd on this machine; yields the environment srun needs."""
-    debian_tools({"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "srun": "slurm-client"}, "Slurm")
+    require("LAUNCHERS")
     directory = tmp_path_factory.mktemp("slurm")
     (directory / "state").mkdir()
     (directory / "spool").mkdir()

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.support import Cluster, load_dev_cluster, wait_for
+from tests.host_tools import require
 
 NODE_PROCESSES = re.compile(rb"(containerd|kubelet|coredns|/pause$)")
 
@@ -66,6 +67,7 @@ def host_state() -> dict[str, Any]:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the real node needs root")
 def test_down_leaves_the_host_as_it_was(cluster: Cluster, namespace: str) -> None:
+    require("REAL_NODE")  # host_state reads iptables with its tools
     dev_cluster = load_dev_cluster()
     dev_cluster.node.down()  # a node of `make cluster-up` or an earlier test: not ours to judge
     before = host_state()
