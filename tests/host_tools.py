@@ -12,6 +12,7 @@ its package is caught here on any machine, including one where it happens to be 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterable
@@ -68,8 +69,29 @@ def require(need_name: str) -> None:
         pytest.skip(str(error))
 
 
+SHELLS = frozenset({"sh", "bash"})
+# Shell words that start no program: builtins, and what stands before a command's name.
+SHELL_WORDS = frozenset(
+    {"cd", "echo", "exec", "export", "printf", "set", "shift", "test", "[", "!", "if", "then"}
+)
+COMMAND_SEPARATORS = re.compile(r"&&|\|\||;|\||\n|\$\(|`")
+
+
+def script_commands(script: str) -> set[str]:
+    """The programs a `sh -c` script names: the first word of each simple command that is no
+    builtin, variable or assignment (enough for the short scripts the tests and hack run)."""
+    commands = set()
+    for part in COMMAND_SEPARATORS.split(script):
+        words = [w for w in part.split() if "=" not in w.split("/")[0]] or [""]
+        first = words[0].strip("()")
+        if first and first not in SHELL_WORDS and first[0] not in "\"'$\\>&":
+            commands.add(first)
+    return commands
+
+
 class CommandLog:
-    """Every program this process starts, as it was named (a bare name or a path)."""
+    """Every program this process starts, as it was named (a bare name or a path), and those
+    the `sh -c` scripts it starts name."""
 
     EVENTS = ("subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn")
 
@@ -84,8 +106,15 @@ class CommandLog:
         name = executable if executable is not None else (argv[0] if argv else None)
         if isinstance(name, bytes | os.PathLike):
             name = os.fsdecode(name)
-        if isinstance(name, str) and name:
-            self.commands.add(name)
+        if not isinstance(name, str) or not name:
+            return
+        self.commands.add(name)
+        words = [os.fsdecode(w) if isinstance(w, bytes | os.PathLike) else str(w) for w in argv]
+        for shell_at, word in enumerate(words):
+            if Path(word).name in SHELLS and words[shell_at + 1 : shell_at + 2] == ["-c"]:
+                if len(words) > shell_at + 2:
+                    self.commands |= script_commands(words[shell_at + 2])
+                break
 
     def install(self) -> None:
         sys.addaudithook(self)

@@ -81,6 +81,7 @@ BASE = frozenset(
         "ip",
         "kill",
         "make",
+        "mkdir",
         "mount",
         "openssl",
         "python3",

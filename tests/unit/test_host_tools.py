@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.support import REPO, load_dev_cluster
-from tests.host_tools import CommandLog, host_commands, tier_needs, unlisted
+from tests.host_tools import CommandLog, host_commands, script_commands, tier_needs, unlisted
 
 packages = load_dev_cluster().packages
 
@@ -67,3 +67,11 @@ def test_every_listed_tool_is_in_a_package_a_path_or_a_name() -> None:
     for tool, package in packages.INSTALLED.items():
         assert package and (tool.startswith("/") or "/" not in tool), tool
     assert not packages.INSTALLED.keys() & packages.BASE
+
+
+def test_the_programs_a_shell_script_names_are_recorded_too() -> None:
+    script = 'crt=$(cat "$0"/tls.crt) && mount -t tmpfs tmpfs /tmp && exec "$@"'
+    assert script_commands(script) == {"cat", "mount"}
+    log = CommandLog()
+    log("subprocess.Popen", (None, ["unshare", "--mount", "sh", "-c", script, "kueue"], None, None))
+    assert log.commands == {"unshare", "cat", "mount"}
