@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""The release's local half: the version check, the release notes, and `make release-check`.
+
+    release.py version                  print the version (operator/pyproject.toml)
+    release.py check-version [--tag T]  exit 1 naming every copy (or tag T) that disagrees
+    release.py notes                    print the CHANGELOG.md section of the version
+
+The version has one home, operator/pyproject.toml. The copies below cannot import it (a chart,
+another package, Dockerfile defaults) and are checked against it; the workflow runs
+`check-version --tag "$GITHUB_REF_NAME"` before it builds anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+CHANGELOG = "CHANGELOG.md"
+# `## 0.2.0 - 2026-12-01` or `## [0.2.0] - ...`: a section of CHANGELOG.md per version.
+SECTION = re.compile(r"^## \[?v?(?P<version>[0-9][^\]\s]*)\]?", re.MULTILINE)
+DOCKERFILE_VERSION = re.compile(r"^ARG VERSION=(?P<version>\S+)$", re.MULTILINE)
+
+
+def version(root: Path = REPO) -> str:
+    pyproject = tomllib.loads((root / "operator" / "pyproject.toml").read_text())
+    return str(pyproject["project"]["version"])
+
+
+def _pyproject(path: str) -> Callable[[Path], str | None]:
+    def read(root: Path) -> str | None:
+        return str(tomllib.loads((root / path).read_text())["project"]["version"])
+
+    return read
+
+
+def _chart(key: str) -> Callable[[Path], str | None]:
+    def read(root: Path) -> str | None:
+        value = yaml.safe_load((root / "charts/kube-ddp/Chart.yaml").read_text()).get(key)
+        return None if value is None else str(value)
+
+    return read
+
+
+def _dockerfile(path: str) -> Callable[[Path], str | None]:
+    def read(root: Path) -> str | None:
+        found = DOCKERFILE_VERSION.search((root / path).read_text())
+        return found.group("version") if found else None
+
+    return read
+
+
+# Where the version is copied, and how to fix each copy.
+COPIES: dict[str, tuple[Callable[[Path], str | None], str]] = {
+    "charts/kube-ddp/Chart.yaml version": (_chart("version"), "run `make manifests`"),
+    "charts/kube-ddp/Chart.yaml appVersion": (_chart("appVersion"), "run `make manifests`"),
+    "trainer_image/pyproject.toml": (_pyproject("trainer_image/pyproject.toml"), "edit it"),
+    "Dockerfile ARG VERSION": (_dockerfile("Dockerfile"), "edit its default"),
+    "trainer_image/Dockerfile ARG VERSION": (
+        _dockerfile("trainer_image/Dockerfile"),
+        "edit its default",
+    ),
+}
+
+
+def release_notes(text: str, wanted: str) -> str | None:
+    """The body of CHANGELOG.md's section for `wanted`, or None without one."""
+    sections = list(SECTION.finditer(text))
+    for i, section in enumerate(sections):
+        if section.group("version") == wanted:
+            end = sections[i + 1].start() if i + 1 < len(sections) else len(text)
+            return text[section.end() : end].split("\n", 1)[-1].strip() + "\n"
+    return None
+
+
+def version_problems(root: Path = REPO, tag: str | None = None) -> list[str]:
+    """What disagrees with operator/pyproject.toml's version: each copy, the tag, CHANGELOG."""
+    wanted = version(root)
+    problems = []
+    for where, (read, fix) in COPIES.items():
+        found = read(root)
+        if found != wanted:
+            problems.append(f"{where} says {found}, operator/pyproject.toml {wanted}: {fix}")
+    if tag is not None and tag != f"v{wanted}":
+        problems.append(
+            f"tag {tag} is not v{wanted} (operator/pyproject.toml): tag v{wanted}, or set the "
+            "version in operator/pyproject.toml and run `make manifests`"
+        )
+    if release_notes((root / CHANGELOG).read_text(), wanted) is None:
+        problems.append(f"{CHANGELOG} has no `## {wanted}` section: the release notes")
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("version", help="print the version")
+    check_version = commands.add_parser("check-version", help="the copies and the tag agree")
+    check_version.add_argument("--tag", help="the git tag being released, e.g. v0.2.0")
+    commands.add_parser("notes", help="the release notes: CHANGELOG.md's section")
+    args = parser.parse_args()
+    if args.command == "version":
+        print(version())
+    elif args.command == "check-version":
+        problems = version_problems(tag=args.tag)
+        for problem in problems:
+            print(f"version: {problem}", file=sys.stderr)
+        return 1 if problems else 0
+    else:
+        notes = release_notes((REPO / CHANGELOG).read_text(), version())
+        if notes is None:
+            print(f"{CHANGELOG} has no `## {version()}` section", file=sys.stderr)
+            return 1
+        print(notes, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
