@@ -26,6 +26,9 @@ KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
+# The Kubernetes version Helm assumes without a cluster (`helm template`, `helm lint`): its
+# release build stamps the minor of the k8s.io/client-go in its go.mod (v0.37.0 -> 1.37).
+HELM_KUBERNETES_MINOR = "37"
 COREDNS_VERSION = "v1.15.0"
 ACTIONLINT_VERSION = "v1.7.12"
 # The newest the module proxy serves (v0.8.1 is refused; `@latest` wrongly says v0.6.0).
@@ -100,6 +103,21 @@ def _kubernetes_ldflags(version: str) -> tuple[str, ...]:
     return tuple(flags)
 
 
+def _helm_ldflags() -> tuple[str, ...]:
+    # As Helm's Makefile sets them; without the last four helm believes in Kubernetes v1.20.0
+    # and refuses a chart's kubeVersion unless --kube-version is passed.
+    flags = [
+        f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+        "-X helm.sh/helm/v3/internal/version.gitTreeState=clean",
+    ]
+    for pkg in ("helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"):
+        flags += [
+            f"-X {pkg}.k8sVersionMajor=1",
+            f"-X {pkg}.k8sVersionMinor={HELM_KUBERNETES_MINOR}",
+        ]
+    return tuple(flags)
+
+
 BUILDS = (
     GoBuild(
         name="kubernetes",
@@ -149,7 +167,7 @@ BUILDS = (
         module="helm.sh/helm/v3",
         version=HELM_VERSION,
         packages={"helm": "helm.sh/helm/v3/cmd/helm"},
-        ldflags=(f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",),
+        ldflags=_helm_ldflags(),
     ),
     GoBuild(
         name="mpi-operator",  # launcher: mpi jobs run through it (devcluster.mpioperator)
