@@ -4,6 +4,7 @@
     release.py version                  print the version (operator/pyproject.toml)
     release.py check-version [--tag T]  exit 1 naming every copy (or tag T) that disagrees
     release.py notes                    print the CHANGELOG.md section of the version
+    release.py torch-version            print the trainer's torch pin (its [torch] extra)
 
 The version has one home, operator/pyproject.toml. The copies below cannot import it (a chart,
 another package, Dockerfile defaults) and are checked against it; the workflow runs
@@ -70,6 +71,17 @@ COPIES: dict[str, tuple[Callable[[Path], str | None], str]] = {
 }
 
 
+def torch_version(root: Path = REPO) -> str:
+    """The torch of the trainer's [torch] extra: the CPU trainer image's base is built with it."""
+    extra = tomllib.loads((root / "trainer_image" / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]["torch"]
+    pins = [r.split("==", 1)[1] for r in extra if r.replace(" ", "").startswith("torch==")]
+    if len(pins) != 1:
+        raise SystemExit(f"trainer_image/pyproject.toml: no torch==X.Y.Z in [torch]: {extra}")
+    return pins[0]
+
+
 def release_notes(text: str, wanted: str) -> str | None:
     """The body of CHANGELOG.md's section for `wanted`, or None without one."""
     sections = list(SECTION.finditer(text))
@@ -105,9 +117,12 @@ def main() -> int:
     check_version = commands.add_parser("check-version", help="the copies and the tag agree")
     check_version.add_argument("--tag", help="the git tag being released, e.g. v0.2.0")
     commands.add_parser("notes", help="the release notes: CHANGELOG.md's section")
+    commands.add_parser("torch-version", help="the trainer's torch pin")
     args = parser.parse_args()
     if args.command == "version":
         print(version())
+    elif args.command == "torch-version":
+        print(torch_version())
     elif args.command == "check-version":
         problems = version_problems(tag=args.tag)
         for problem in problems:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import shutil
 import subprocess
@@ -10,7 +11,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 
+from kube_ddp import names
 from tests.unit.support import REPO
 
 
@@ -27,6 +30,8 @@ def load_release_tool() -> ModuleType:
 
 
 RELEASE = load_release_tool()
+sys.path.insert(0, str(REPO / "hack"))
+DEV_CLUSTER_BUILD = importlib.import_module("devcluster.build")
 VERSION = RELEASE.version()
 # What the check reads: the version's home and every copy of it.
 CHECKED_FILES = (
@@ -102,3 +107,26 @@ def test_the_command_fails_on_a_disagreeing_tag() -> None:
     assert good.returncode == 0, good.stderr
     assert bad.returncode == 1
     assert "tag v9.9.9 is not" in bad.stderr
+
+
+WORKFLOW = yaml.safe_load((REPO / ".github/workflows/release.yaml").read_text())
+
+
+def workflow_runs() -> list[str]:
+    return [s.get("run", "") for job in WORKFLOW["jobs"].values() for s in job["steps"]]
+
+
+def test_the_workflow_checks_the_tag_before_it_builds() -> None:
+    checks = [r for r in workflow_runs() if "hack/release.py check-version" in r]
+    assert checks == ['python hack/release.py check-version --tag "$GITHUB_REF_NAME"']
+    assert all("version" in job.get("needs", ["version"]) for job in WORKFLOW["jobs"].values())
+
+
+def test_the_workflow_publishes_what_the_chart_and_operator_name() -> None:
+    jobs = WORKFLOW["jobs"]
+    values = yaml.safe_load((REPO / "charts/kube-ddp/values.yaml").read_text())
+    assert jobs["operator-image"]["env"]["IMAGE"] == values["image"]["repository"]
+    assert jobs["trainer-images"]["env"]["IMAGE"] == names.TRAINER_REPOSITORY
+    variants = {v["variant"] for v in jobs["trainer-images"]["strategy"]["matrix"]["include"]}
+    assert variants == {"cuda", "cpu", "mpi"}
+    assert WORKFLOW["env"]["HELM_VERSION"] == DEV_CLUSTER_BUILD.HELM_VERSION
