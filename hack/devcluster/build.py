@@ -43,6 +43,9 @@ VOLCANO_VERSION = "v1.14.1"  # the proxy refuses v1.14.0 of volcano.sh/volcano
 # newest the module proxy serves, tagged in the renamed repository kubeflow/trainer.
 TRAINING_OPERATOR_VERSION = "v1.9.4"
 TRAINING_OPERATOR_MODULE = "github.com/kubeflow/training-operator"
+# promtool checks and unit-tests the chart's PrometheusRule (tests/cluster/test_operations_kit.py).
+# The module's v0.3xx.y tags are Prometheus v3.xx.y.
+PROMETHEUS_VERSION = "v0.316.0"
 PYTORCHJOB_CRD_FILE = "./manifests/base/crds/kubeflow.org_pytorchjobs.yaml"  # in the module
 
 
@@ -116,6 +119,12 @@ def _helm_ldflags() -> tuple[str, ...]:
             f"-X {pkg}.k8sVersionMinor={HELM_KUBERNETES_MINOR}",
         ]
     return tuple(flags)
+
+
+def _prometheus_release() -> str:
+    """The Prometheus release of a module tag: v0.316.0 is 3.16.0."""
+    _, minor, patch = PROMETHEUS_VERSION.lstrip("v").split(".")
+    return f"{int(minor) // 100}.{int(minor) % 100}.{patch}"
 
 
 BUILDS = (
@@ -227,6 +236,13 @@ ADDONS = (
         version=TRAINING_OPERATOR_VERSION,
         packages={"training-operator": f"{TRAINING_OPERATOR_MODULE}/cmd/training-operator.v1"},
         module_files=(PYTORCHJOB_CRD_FILE,),  # its CRD, from the module: never a copy in the repo
+    ),
+    GoBuild(
+        name="promtool",
+        module="github.com/prometheus/prometheus",
+        version=PROMETHEUS_VERSION,
+        packages={"promtool": "github.com/prometheus/prometheus/cmd/promtool"},
+        ldflags=(f"-X github.com/prometheus/common/version.Version={_prometheus_release()}",),
     ),
 )
 
