@@ -8,28 +8,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 
 from kube_ddp import names
-from tests.unit.support import REPO
+from tests.unit.support import REPO, load_hack_script
 
-
-def load_release_tool() -> ModuleType:
-    if "kube_ddp_release_tool" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "kube_ddp_release_tool", REPO / "hack/release.py"
-        )
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["kube_ddp_release_tool"]
-
-
-RELEASE = load_release_tool()
+RELEASE = load_hack_script("release")
 sys.path.insert(0, str(REPO / "hack"))
 DEV_CLUSTER_BUILD = importlib.import_module("devcluster.build")
 VERSION = RELEASE.version()
