@@ -160,6 +160,18 @@ def mpi_operator(cluster: Cluster) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
+def offline_helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """The dev cluster's helm for what needs no cluster (template, lint, package): no kubeconfig."""
+    dev_cluster = load_dev_cluster()
+    try:
+        dev_cluster.built("helm")
+    except dev_cluster.BuildError as error:
+        pytest.fail(f"helm did not build: {error}", pytrace=False)
+    home = tmp_path_factory.mktemp("offline-helm")
+    return Helm(helm_binary(), home / "no-kubeconfig", home)
+
+
+@pytest.fixture(scope="session")
 def helm(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Helm:
     """The dev cluster's helm (built with the control plane), on the admin kubeconfig; its
     cache, config and data in a temporary directory."""

@@ -71,7 +71,19 @@ ALERT_TESTS: list[dict[str, Any]] = [
             {
                 "eval_time": "9m",
                 "alertname": "KubeDDPNoLeader",
-                "exp_alerts": [{"exp_labels": {"severity": "critical"}}],
+                "exp_alerts": [
+                    {
+                        "exp_labels": {"severity": "critical"},
+                        "exp_annotations": {
+                            "summary": "No kube-ddp operator holds the Lease",
+                            "description": (
+                                "For 5m no operator process has led (or none was scraped): "
+                                "DDPTrainingJobs are neither started, restarted nor finished. "
+                                "Look at the operator pods and their logs."
+                            ),
+                        },
+                    }
+                ],
             },
         ],
     },
@@ -87,7 +99,19 @@ ALERT_TESTS: list[dict[str, Any]] = [
             {
                 "eval_time": "25m",
                 "alertname": "KubeDDPReconcileErrors",
-                "exp_alerts": [{"exp_labels": {"severity": "warning"}}],
+                "exp_alerts": [
+                    {
+                        "exp_labels": {"severity": "warning"},
+                        "exp_annotations": {
+                            "summary": "kube-ddp reconciles keep failing",
+                            "description": (
+                                "Reconciles of DDPTrainingJobs have failed for 15m (16.67m/s); "
+                                "each is retried with a "
+                                "growing delay. The operator's log says why."
+                            ),
+                        },
+                    }
+                ],
             },
         ],
     },
@@ -116,7 +140,12 @@ ALERT_TESTS: list[dict[str, Any]] = [
                             "severity": "warning",
                             "job_namespace": "team-a",
                             "job_name": "resnet",
-                        }
+                        },
+                        "exp_annotations": {
+                            "summary": "A DDPTrainingJob keeps restarting",
+                            "description": "team-a/resnet restarted its worker group 3 times in "
+                            "the last hour: `kubectl describe ddpjob` shows the failures.",
+                        },
                     }
                 ],
             },
@@ -148,7 +177,12 @@ ALERT_TESTS: list[dict[str, Any]] = [
                             "severity": "warning",
                             "job_namespace": "team-a",
                             "job_name": "vit",
-                        }
+                        },
+                        "exp_annotations": {
+                            "summary": "A running DDPTrainingJob stopped reporting progress",
+                            "description": "The trainer of team-a/vit last reported progress "
+                            "35m 0s ago (more than 1800 s), while the job is Running.",
+                        },
                     }
                 ],
             },
@@ -167,9 +201,9 @@ def promtool() -> Path:
 
 
 def test_promtool_checks_the_rules_and_each_alert_fires_on_its_series(
-    helm: Helm, promtool: Path, tmp_path: Path
+    offline_helm: Helm, promtool: Path, tmp_path: Path
 ) -> None:
-    spec = rendered_kit(helm)["PrometheusRule"]["spec"]
+    spec = rendered_kit(offline_helm)["PrometheusRule"]["spec"]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(spec))
     alerts = {r["alert"] for g in spec["groups"] for r in g["rules"]}
     assert {t["alert_rule_test"][0]["alertname"] for t in ALERT_TESTS} == alerts

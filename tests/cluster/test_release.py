@@ -12,23 +12,10 @@ import hashlib
 import tarfile
 from pathlib import Path
 
-import pytest
 import yaml
 
 import kube_ddp
-from tests.cluster.helm_support import CHART, Helm, helm_binary
-from tests.cluster.support import load_dev_cluster
-
-
-@pytest.fixture(scope="module")
-def offline_helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    dev_cluster = load_dev_cluster()
-    try:
-        dev_cluster.built("helm")
-    except dev_cluster.BuildError as error:
-        pytest.skip(f"helm is not built: {error}")
-    home = tmp_path_factory.mktemp("helm-home")
-    return Helm(helm_binary(), home / "no-kubeconfig", home)
+from tests.cluster.helm_support import CHART, Helm
 
 
 def test_helm_template_needs_no_kube_version(offline_helm: Helm) -> None:
