@@ -36,7 +36,7 @@ BUILD_ERRORS: list[str] = []
 
 
 # Add-on builds (not part of the cluster) that a test module needs, built with the rest.
-ADDONS = {"test_kueue.py": "kueue"}
+ADDONS = {"test_kueue.py": "kueue", "test_operations_kit.py": "promtool"}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
