@@ -16,7 +16,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SYNCED := $(VENV)/.synced
 
-.PHONY: help venv test lint fmt crds manifests demo bench cluster-build cluster-up cluster-down cluster-status clean
+.PHONY: help venv test lint fmt crds manifests demo bench release-check cluster-build cluster-up cluster-down cluster-status clean
 
 help:
 	@echo "make demo            run the example job locally: 2 CPU workers (digits), no download"
@@ -24,6 +24,8 @@ help:
 	@echo "make lint            ruff, mypy, hadolint, actionlint"
 	@echo "make crds            regenerate the CRD (manifests/ and the chart's crds/) from the API models"
 	@echo "make manifests       crds + the chart's generated files + manifests/install.yaml"
+	@echo "make release-check   every release step that does not push: version, chart, operator image"
+	@echo "                     (TRAINER_IMAGE=1: the CPU trainer image too, about 6 GB)"
 	@echo "make bench           benchmarks, the operator beside Kubeflow's (results: docs/BENCHMARKS.md)"
 	@echo "make cluster-up      start the local control plane (etcd, apiserver, kwok, ...)"
 	@echo "make cluster-down    stop it; make cluster-status shows it"
@@ -73,6 +75,12 @@ manifests: crds
 DEMO_JOB := manifests/examples/digits-cpu.yaml
 demo: venv
 	$(VENV)/bin/kube-ddp run --local $(DEMO_JOB)
+
+# What .github/workflows/release.yaml does on a tag, without pushing (hack/release.py check):
+# the version check, helm lint and package with the dev cluster's helm, the operator image built
+# with buildah (amd64) and the packaged chart rendered with it pinned by digest.
+release-check: venv
+	$(PY) hack/release.py check $(if $(TRAINER_IMAGE),--trainer-image)
 
 # matplotlib (the plots) is in the bench dependency group only: `uv run` adds it to .venv.
 bench: venv

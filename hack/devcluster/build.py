@@ -26,6 +26,9 @@ KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
+# The Kubernetes version Helm assumes without a cluster (`helm template`, `helm lint`): its
+# release build stamps the minor of the k8s.io/client-go in its go.mod (v0.37.0 -> 1.37).
+HELM_KUBERNETES_MINOR = "37"
 COREDNS_VERSION = "v1.15.0"
 ACTIONLINT_VERSION = "v1.7.12"
 # The newest the module proxy serves (v0.8.1 is refused; `@latest` wrongly says v0.6.0).
@@ -40,6 +43,9 @@ VOLCANO_VERSION = "v1.14.1"  # the proxy refuses v1.14.0 of volcano.sh/volcano
 # newest the module proxy serves, tagged in the renamed repository kubeflow/trainer.
 TRAINING_OPERATOR_VERSION = "v1.9.4"
 TRAINING_OPERATOR_MODULE = "github.com/kubeflow/training-operator"
+# promtool checks and unit-tests the chart's PrometheusRule (tests/cluster/test_operations_kit.py).
+# The module's v0.3xx.y tags are Prometheus v3.xx.y.
+PROMETHEUS_VERSION = "v0.316.0"
 PYTORCHJOB_CRD_FILE = "./manifests/base/crds/kubeflow.org_pytorchjobs.yaml"  # in the module
 
 
@@ -100,6 +106,27 @@ def _kubernetes_ldflags(version: str) -> tuple[str, ...]:
     return tuple(flags)
 
 
+def _helm_ldflags() -> tuple[str, ...]:
+    # As Helm's Makefile sets them; without the last four helm believes in Kubernetes v1.20.0
+    # and refuses a chart's kubeVersion unless --kube-version is passed.
+    flags = [
+        f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+        "-X helm.sh/helm/v3/internal/version.gitTreeState=clean",
+    ]
+    for pkg in ("helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"):
+        flags += [
+            f"-X {pkg}.k8sVersionMajor=1",
+            f"-X {pkg}.k8sVersionMinor={HELM_KUBERNETES_MINOR}",
+        ]
+    return tuple(flags)
+
+
+def _prometheus_release() -> str:
+    """The Prometheus release of a module tag: v0.316.0 is 3.16.0."""
+    _, minor, patch = PROMETHEUS_VERSION.lstrip("v").split(".")
+    return f"{int(minor) // 100}.{int(minor) % 100}.{patch}"
+
+
 BUILDS = (
     GoBuild(
         name="kubernetes",
@@ -149,7 +176,7 @@ BUILDS = (
         module="helm.sh/helm/v3",
         version=HELM_VERSION,
         packages={"helm": "helm.sh/helm/v3/cmd/helm"},
-        ldflags=(f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",),
+        ldflags=_helm_ldflags(),
     ),
     GoBuild(
         name="mpi-operator",  # launcher: mpi jobs run through it (devcluster.mpioperator)
@@ -209,6 +236,13 @@ ADDONS = (
         version=TRAINING_OPERATOR_VERSION,
         packages={"training-operator": f"{TRAINING_OPERATOR_MODULE}/cmd/training-operator.v1"},
         module_files=(PYTORCHJOB_CRD_FILE,),  # its CRD, from the module: never a copy in the repo
+    ),
+    GoBuild(
+        name="promtool",
+        module="github.com/prometheus/prometheus",
+        version=PROMETHEUS_VERSION,
+        packages={"promtool": "github.com/prometheus/prometheus/cmd/promtool"},
+        ldflags=(f"-X github.com/prometheus/common/version.Version={_prometheus_release()}",),
     ),
 )
 

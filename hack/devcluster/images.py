@@ -183,18 +183,15 @@ def _sources_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def _python_base() -> None:
-    """Debian trixie's Python as a local base image (made once, kept in the cache)."""
-    listed = subprocess.run(
-        [*_buildah(), "images", "--quiet", PYTHON_BASE], capture_output=True, check=False
-    )
-    if listed.returncode == 0 and listed.stdout.strip():
+def _python_base(name: str = PYTHON_BASE, python: str = "python3-venv") -> None:
+    """Debian trixie's Python as the local base image `name` (made once, kept in the store)."""
+    if _image_exists(name):
         return
     with tempfile.TemporaryDirectory(prefix="kube-ddp-base-") as scratch:
         rootfs = Path(scratch) / "trixie.tar"
         run(
             "mmdebstrap", "--variant=minbase",
-            "--include=ca-certificates,python3,python3-venv",
+            f"--include=ca-certificates,python3,{python}",
             "--dpkgopt=path-exclude=/usr/share/doc/*",
             "--dpkgopt=path-exclude=/usr/share/man/*",
             "--dpkgopt=path-exclude=/usr/share/locale/*",
@@ -205,9 +202,19 @@ def _python_base() -> None:
         try:
             run(*_buildah(), "add", container, str(rootfs), "/")
             run(*_buildah(), "config", "--env", f"PATH={PATH}", "--cmd", "python3", container)
-            run(*_buildah(), "commit", "--quiet", container, PYTHON_BASE)
+            run(*_buildah(), "commit", "--quiet", container, name)
         finally:
             run(*_buildah(), "rm", container, check=False)
+
+
+def _bud(what: str, *args: str) -> None:
+    """`buildah bud` in the repository: host network, the host's CA bundle mounted for pip."""
+    run(
+        *_buildah(), "bud", "--quiet", "--runtime", "/usr/sbin/runc", "--network", "host",
+        "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro", *args, ".",
+        what=f"building {what} (buildah bud)",
+        cwd=REPO,
+    )  # fmt: skip
 
 
 def operator_image_archive() -> Path:
@@ -219,14 +226,9 @@ def operator_image_archive() -> Path:
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
     _python_base()
-    run(
-        *_buildah(), "bud", "--quiet", "--runtime", "/usr/sbin/runc", "--network", "host",
-        "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
-        "--build-arg", f"PYTHON_IMAGE={PYTHON_BASE}",
-        "--tag", OPERATOR_IMAGE, ".",
-        what="building the operator image (buildah bud)",
-        cwd=REPO,
-    )  # fmt: skip
+    _bud(
+        "the operator image", "--build-arg", f"PYTHON_IMAGE={PYTHON_BASE}", "--tag", OPERATOR_IMAGE
+    )
     partial = archive.with_suffix(".partial")
     partial.unlink(missing_ok=True)
     run(*_buildah(), "push", "--quiet", OPERATOR_IMAGE, f"oci-archive:{partial}:{OPERATOR_IMAGE}")
@@ -235,6 +237,47 @@ def operator_image_archive() -> Path:
         if old != archive:
             old.unlink()
     return archive
+
+
+# --- the release's CPU trainer image (hack/release.py check --trainer-image) ---------------------
+
+TRAINER_CPU_IMAGE = "localhost/ddp-trainer:dev-cpu"
+# The trainer's Dockerfiles run `python3 -m pip`, as python:*-slim has it; Debian's is a package.
+PIP_BASE = "localhost/debian-python-pip:trixie"
+# PyTorch's CPU wheel index cannot be reached here: PyPI's torch, whose x86_64 wheel brings the
+# CUDA libraries (about 3 GB) and runs on CPU all the same.
+TORCH_INDEX = "https://pypi.org/simple"
+
+
+def _image_exists(name: str) -> bool:
+    listed = subprocess.run(
+        [*_buildah(), "images", "--quiet", name], capture_output=True, check=False
+    )
+    return listed.returncode == 0 and bool(listed.stdout.strip())
+
+
+def trainer_cpu_image(torch_version: str) -> str:
+    """The `-cpu` trainer image as the release builds it: trainer_image/torch-cpu.Dockerfile
+    (kept in the store once built: about 6 GB and minutes), then trainer_image/Dockerfile on it.
+    The image's name in the buildah store."""
+    _python_base(PIP_BASE, "python3-pip")
+    base = f"localhost/torch-cpu:{torch_version}"
+    if not _image_exists(base):
+        _bud(
+            "the torch CPU base",
+            "--file", "trainer_image/torch-cpu.Dockerfile",
+            "--build-arg", f"PYTHON_IMAGE={PIP_BASE}",
+            "--build-arg", f"TORCH_VERSION={torch_version}",
+            "--build-arg", f"TORCH_INDEX={TORCH_INDEX}",
+            "--tag", base,
+        )  # fmt: skip
+    _bud(
+        "the CPU trainer image",
+        "--file", "trainer_image/Dockerfile",
+        "--build-arg", f"BASE_IMAGE={base}",
+        "--tag", TRAINER_CPU_IMAGE,
+    )  # fmt: skip
+    return TRAINER_CPU_IMAGE
 
 
 def import_operator_image(ctr: list[str]) -> None:

@@ -1,3 +1,6 @@
 """kube_ddp: a Kubernetes operator for PyTorch DistributedDataParallel training jobs."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version
+
+# One home: operator/pyproject.toml (hack/release.py checks the copies that cannot read it).
+__version__ = version("kube-ddp")

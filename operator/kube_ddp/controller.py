@@ -130,8 +130,8 @@ class JobCache:
     def drop(self, key: Key) -> None:
         self._bodies.pop(key, None)
 
-    def statuses(self) -> list[dict[str, Any]]:
-        return [body.get("status") or {} for body in list(self._bodies.values())]
+    def bodies(self) -> list[dict[str, Any]]:
+        return list(self._bodies.values())
 
 
 @dataclass
@@ -271,7 +271,8 @@ class Controller:
     async def reconcile_or_retry(self, key: Key) -> None:
         """Reconcile; on an error, log it, count it and try again with a growing delay."""
         try:
-            await self.reconcile(key)
+            with metrics.RECONCILE_DURATION.time():
+                await self.reconcile(key)
         except Exception as error:
             failures = self.failures[key] = self.failures.get(key, 0) + 1
             delay = retry_delay(failures)

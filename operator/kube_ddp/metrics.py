@@ -1,4 +1,9 @@
-"""Prometheus metrics of the operator, served on /metrics of their own port."""
+"""Prometheus metrics of the operator, served on /metrics of their own port.
+
+The chart's Grafana dashboard and alert rules use these names (docs/operations.md lists them);
+a test checks every name they use against a running operator's /metrics. Per-job series are
+labelled `job_namespace` and `job_name`: `namespace` and `job` are Prometheus' target labels.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +26,17 @@ JOBS_SYNCED = Counter(
     "Jobs reconciled since the operator started, each counted once (a job created again, once "
     "more): after a restart it reaches the number of live jobs once the operator caught up",
 )
-GROUP_RESTARTS = Counter("kubeddp_group_restarts", "Group restarts of DDPTrainingJobs")
+GROUP_RESTARTS = Counter(
+    "kubeddp_group_restarts",
+    "Group restarts of DDPTrainingJobs, by the reason of the failure that caused each",
+    ["reason"],
+)
+RECONCILE_DURATION = Histogram(
+    "kubeddp_reconcile_duration_seconds",
+    "Time one reconcile of a job took, failed ones included",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+JOB_LABELS = ["job_namespace", "job_name"]
 TIME_TO_RUNNING = Histogram(
     "kubeddp_time_to_running_seconds",
     "From a job's creation to all of its workers running (first attempt)",
@@ -29,38 +44,88 @@ TIME_TO_RUNNING = Histogram(
 )
 
 
+Bodies = Callable[[], Iterable[dict[str, Any]]]
+
+
 class JobsByPhase(Collector):
     """kubeddp_jobs{phase}: computed at scrape time from the operator's view of its jobs."""
 
-    def __init__(self, statuses: Callable[[], Iterable[dict[str, Any]]]) -> None:
-        self._statuses = statuses
+    def __init__(self, bodies: Bodies) -> None:
+        self._bodies = bodies
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily("kubeddp_jobs", "DDPTrainingJobs by phase", labels=["phase"])
-        tally = Tally((status or {}).get("phase") or "New" for status in self._statuses())
+        tally = Tally((body.get("status") or {}).get("phase") or "New" for body in self._bodies())
         for phase, count in sorted(tally.items()):
             family.add_metric([phase], count)
         yield family
 
 
-def serve(port: int, statuses: Callable[[], Iterable[dict[str, Any]]]) -> None:
+# Per job, from its status.training (what the trainer's rank 0 reports after each epoch).
+PROGRESS = {
+    "epoch": ("kubeddp_job_epoch", "Epochs the job's trainer completed"),
+    "epochs": ("kubeddp_job_epochs", "Epochs the job's trainer plans"),
+    "imagesPerSec": ("kubeddp_job_images_per_second", "Training throughput of the job, all ranks"),
+}
+
+
+class JobProgress(Collector):
+    """Per job: its group restarts, and while Running what its trainer last reported and when."""
+
+    def __init__(self, bodies: Bodies) -> None:
+        self._bodies = bodies
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        restarts = GaugeMetricFamily(
+            "kubeddp_job_restarts", "Group restarts of the job so far", labels=JOB_LABELS
+        )
+        reported = GaugeMetricFamily(
+            "kubeddp_job_progress_timestamp_seconds",
+            "When the running job's trainer last reported progress (Unix time)",
+            labels=JOB_LABELS,
+        )
+        progress = {
+            key: GaugeMetricFamily(name, text, labels=JOB_LABELS)
+            for key, (name, text) in PROGRESS.items()
+        }
+        for body in self._bodies():
+            meta, status = body.get("metadata", {}), body.get("status") or {}
+            labels = [meta.get("namespace", ""), meta.get("name", "")]
+            restarts.add_metric(labels, status.get("restarts", 0))
+            training = status.get("training") or {}
+            if status.get("phase") != "Running":
+                continue
+            for key, family in progress.items():
+                if training.get(key) is not None:
+                    family.add_metric(labels, training[key])
+            if stamp := _timestamp(training.get("updatedAt")):
+                reported.add_metric(labels, stamp.timestamp())
+        yield restarts
+        yield reported
+        yield from progress.values()
+
+
+def serve(port: int, bodies: Bodies) -> None:
     """Start the /metrics endpoint (a daemon thread); port 0 turns it off."""
     if port:
-        REGISTRY.register(JobsByPhase(statuses))
+        REGISTRY.register(JobsByPhase(bodies))
+        REGISTRY.register(JobProgress(bodies))
         start_http_server(port)
 
 
+def _timestamp(stamp: Any) -> datetime | None:
+    return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) if stamp else None
+
+
 def _created_at(body: dict[str, Any]) -> datetime | None:
-    stamp = body.get("metadata", {}).get("creationTimestamp")
-    if not stamp:
-        return None
-    return datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    return _timestamp(body.get("metadata", {}).get("creationTimestamp"))
 
 
 def observe_transition(body: dict[str, Any], before: JobStatus, after: JobStatus) -> None:
     """Count what a status write changed."""
     if after.restarts > before.restarts:
-        GROUP_RESTARTS.inc(after.restarts - before.restarts)
+        reason = (after.failure.reason if after.failure else None) or "Unknown"
+        GROUP_RESTARTS.labels(reason=reason).inc(after.restarts - before.restarts)
     if after.phase == "Running" and before.phase != "Running" and after.restarts == 0:
         created = _created_at(body)
         if created is not None:

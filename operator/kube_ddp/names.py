@@ -8,6 +8,7 @@ operator's names.
 from typing import Final
 
 from ddp_trainer import contract
+from kube_ddp import __version__
 
 GROUP: Final = contract.API_GROUP
 VERSION: Final = contract.API_VERSION
@@ -26,7 +27,8 @@ LABEL_REPLICA_INDEX: Final = f"{GROUP}/replica-index"
 LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
 OWNED_LABELS: Final = (LABEL_MANAGED_BY, LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LABEL_ATTEMPT)
 
-DEFAULT_TRAINER_IMAGE: Final = "ghcr.io/kube-ddp/ddp-trainer:0.1.0"
+TRAINER_REPOSITORY: Final = "ghcr.io/kube-ddp/ddp-trainer"
+DEFAULT_TRAINER_IMAGE: Final = f"{TRAINER_REPOSITORY}:{__version__}"
 TRAINER_CONTAINER: Final = "trainer"
 
 # The Kubeflow MPI Operator's job kind, which `launcher: mpi` creates.

@@ -91,14 +91,14 @@ async def _wait_for_leadership(elector: LeaseElector) -> bool:
     return campaign.done() and not campaign.cancelled() and campaign.exception() is None
 
 
-def _job_statuses(memo: kopf.Memo) -> Callable[[], list[dict[str, Any]]]:
-    """What /metrics counts by phase: the controller's jobs, none on a standby."""
+def _job_bodies(memo: kopf.Memo) -> Callable[[], list[dict[str, Any]]]:
+    """What /metrics counts: the controller's jobs, none on a standby."""
 
-    def statuses() -> list[dict[str, Any]]:
+    def bodies() -> list[dict[str, Any]]:
         controller = getattr(memo, "controller", None)
-        return controller.jobs.statuses() if controller is not None else []
+        return controller.jobs.bodies() if controller is not None else []
 
-    return statuses
+    return bodies
 
 
 async def run(config: OperatorConfig, lease: LeaseSettings | None, memo: kopf.Memo) -> int:
@@ -108,7 +108,7 @@ async def run(config: OperatorConfig, lease: LeaseSettings | None, memo: kopf.Me
     probes = Probes(elector)
     runner = await probes.serve(config.health_port) if config.health_port else None
     LEADER.set(0)
-    metrics.serve(config.metrics_port, _job_statuses(memo))  # standbys are scraped too
+    metrics.serve(config.metrics_port, _job_bodies(memo))  # standbys are scraped too
     try:
         if elector is not None:
             settings = elector.settings

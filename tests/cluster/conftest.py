@@ -36,7 +36,7 @@ BUILD_ERRORS: list[str] = []
 
 
 # Add-on builds (not part of the cluster) that a test module needs, built with the rest.
-ADDONS = {"test_kueue.py": "kueue"}
+ADDONS = {"test_kueue.py": "kueue", "test_operations_kit.py": "promtool"}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -157,6 +157,18 @@ def mpi_operator(cluster: Cluster) -> Iterator[None]:
     finally:
         if not had_crd:
             mpioperator.remove_crd(cluster.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def offline_helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """The dev cluster's helm for what needs no cluster (template, lint, package): no kubeconfig."""
+    dev_cluster = load_dev_cluster()
+    try:
+        dev_cluster.built("helm")
+    except dev_cluster.BuildError as error:
+        pytest.fail(f"helm did not build: {error}", pytrace=False)
+    home = tmp_path_factory.mktemp("offline-helm")
+    return Helm(helm_binary(), home / "no-kubeconfig", home)
 
 
 @pytest.fixture(scope="session")

@@ -41,6 +41,16 @@ COMBINATIONS: dict[str, list[str]] = {
         "--set",
         "metrics.serviceMonitor.labels.release=prometheus",
     ],
+    "operations-kit": [
+        "--set",
+        "operations.dashboard.enabled=true",
+        "--set",
+        "operations.dashboard.namespace=monitoring",
+        "--set",
+        "operations.prometheusRule.enabled=true",
+        "--set",
+        "operations.prometheusRule.labels.release=prometheus",
+    ],
     "existing-account-no-rbac": [
         "--set",
         "rbac.create=false",
@@ -100,7 +110,7 @@ def test_template_is_valid(helm: Helm, combination: str) -> None:
     args = COMBINATIONS[combination]
     objects = helm.template("--include-crds", *args)
     for obj in objects:
-        if obj["kind"] == "ServiceMonitor":  # not a Kubernetes kind: checked below
+        if obj["kind"] in {"ServiceMonitor", "PrometheusRule"}:  # not Kubernetes kinds: below
             continue
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
     for role in by_kind(objects, "ClusterRole") + by_kind(objects, "Role"):
@@ -158,6 +168,14 @@ def test_template_is_valid(helm: Helm, combination: str) -> None:
         assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     else:
         assert not by_kind(objects, "ServiceMonitor")
+    if combination == "operations-kit":
+        (dashboard,) = by_kind(objects, "ConfigMap")
+        assert dashboard["metadata"]["namespace"] == "monitoring"
+        assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+        (rule,) = by_kind(objects, "PrometheusRule")
+        assert rule["metadata"]["labels"]["release"] == "prometheus"
+    else:  # the operations kit is off by default
+        assert not by_kind(objects, "ConfigMap") and not by_kind(objects, "PrometheusRule")
     if combination == "no-mpi-no-metrics-service":
         assert not by_kind(objects, "Service")
     if combination == "every-option":

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import kubernetes_validate
@@ -11,6 +14,20 @@ from kube_ddp.api import DDPTrainingJob, load_job
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
+
+
+def load_hack_script(name: str) -> ModuleType:
+    """hack/<name>.py as a module (hack/ is no package), loaded once per session."""
+    module_name = f"kube_ddp_hack_{name}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, REPO / "hack" / f"{name}.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
+
+
 # The Kubernetes version whose schemas the rendered objects are checked against.
 KUBERNETES_VERSION = "1.36.0"
 

@@ -5,8 +5,6 @@ Rendering with the real helm binary and installing are tests/cluster/test_chart.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import tomllib
 from pathlib import Path
 from types import ModuleType
@@ -18,17 +16,11 @@ import yaml
 import kube_ddp
 from kube_ddp import kube, names
 from kube_ddp.permissions import JOB_RULES, job_policy_rules, lease_rules
-from tests.unit.support import KUBERNETES_VERSION, REPO
+from tests.unit.support import KUBERNETES_VERSION, REPO, load_hack_script
 
 
 def load_chart_tool() -> ModuleType:
-    if "kube_ddp_chart_tool" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("kube_ddp_chart_tool", REPO / "hack/chart.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["kube_ddp_chart_tool"]
+    return load_hack_script("chart")
 
 
 CHART_TOOL = load_chart_tool()

@@ -32,8 +32,13 @@ app.kubernetes.io/part-of: kube-ddp
 {{- end -}}
 {{- end -}}
 
+{{/* repository@digest when image.digest is set (what was verified is what runs), else :tag. */}}
 {{- define "kube-ddp.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "kube-ddp.leaseName" -}}

@@ -1,0 +1,63 @@
+"""The operator's per-job metrics and restart reasons (operator/kube_ddp/metrics.py), as a scrape
+reads them; the names against a running operator: tests/cluster/test_operations_kit.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from kube_ddp import metrics
+from kube_ddp.api import Failure, JobStatus
+
+
+def job(name: str, phase: str, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"namespace": "team-a", "name": name}, "status": {"phase": phase, **status}}
+
+
+def scrape(bodies: list[dict[str, Any]]) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(metrics.JobProgress(lambda: bodies))
+    return registry
+
+
+def test_a_running_job_reports_its_progress() -> None:
+    training = {
+        "epoch": 3,
+        "epochs": 10,
+        "imagesPerSec": 812.5,
+        "updatedAt": "2026-01-01T00:00:10Z",
+    }
+    registry = scrape([job("vit", "Running", restarts=2, training=training)])
+    labels = {"job_namespace": "team-a", "job_name": "vit"}
+    assert registry.get_sample_value("kubeddp_job_restarts", labels) == 2
+    assert registry.get_sample_value("kubeddp_job_epoch", labels) == 3
+    assert registry.get_sample_value("kubeddp_job_epochs", labels) == 10
+    assert registry.get_sample_value("kubeddp_job_images_per_second", labels) == 812.5
+    stamp = registry.get_sample_value("kubeddp_job_progress_timestamp_seconds", labels)
+    assert stamp == 1767225610.0
+
+
+def test_a_job_that_is_not_running_has_no_progress_series() -> None:
+    training = {"epoch": 10, "epochs": 10, "updatedAt": "2026-01-01T00:00:10Z"}
+    registry = scrape([job("done", "Succeeded", restarts=1, training=training), job("new", "")])
+    done = {"job_namespace": "team-a", "job_name": "done"}
+    assert registry.get_sample_value("kubeddp_job_restarts", done) == 1
+    assert registry.get_sample_value("kubeddp_job_epoch", done) is None
+    assert registry.get_sample_value("kubeddp_job_progress_timestamp_seconds", done) is None
+    new = {"job_namespace": "team-a", "job_name": "new"}
+    assert registry.get_sample_value("kubeddp_job_restarts", new) == 0
+
+
+def test_a_restart_is_counted_under_the_reason_of_its_failure() -> None:
+    def count(reason: str) -> float:
+        value = REGISTRY.get_sample_value("kubeddp_group_restarts_total", {"reason": reason})
+        return value or 0.0
+
+    before = {reason: count(reason) for reason in ("OOMKilled", "Unknown")}
+    body = job("vit", "Restarting")
+    oom = Failure(pod="vit-worker-1", exit_code=137, reason="OOMKilled")
+    metrics.observe_transition(body, JobStatus(restarts=0), JobStatus(restarts=1, failure=oom))
+    metrics.observe_transition(body, JobStatus(restarts=1), JobStatus(restarts=2))
+    assert count("OOMKilled") == before["OOMKilled"] + 1
+    assert count("Unknown") == before["Unknown"] + 1
