@@ -49,7 +49,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy operator/kube_ddp trainer_image/ddp_trainer
 	$(VENV)/bin/mypy --strict hack/devcluster
-	$(VENV)/bin/hadolint Dockerfile trainer_image/Dockerfile
+	$(VENV)/bin/hadolint Dockerfile trainer_image/Dockerfile trainer_image/torch-cpu.Dockerfile
 	$(PY) hack/dev-cluster.py tool actionlint .github/workflows/*.yaml
 
 fmt: venv
