@@ -29,14 +29,19 @@ class Need:
     tools: dict[str, str]
 
 
+# buildah, with runc, builds images from the Dockerfiles on a base mmdebstrap makes
+# (devcluster.images): the real node's and `make release-check`'s.
+IMAGE_BUILDS = Need(
+    "building images", {"buildah": "buildah", "mmdebstrap": "mmdebstrap", "runc": "runc"}
+)
 # containerd, runc and the CNI plugins for the node; iptables for its DNAT rule and the host
-# record (devcluster.host); buildah and mmdebstrap build its images (devcluster.images).
+# record (devcluster.host); its images are built here.
 REAL_NODE = Need(
     "the real node",
     {
+        **IMAGE_BUILDS.tools,
         "containerd": "containerd",
         "ctr": "containerd",
-        "runc": "runc",
         "/usr/lib/cni/bridge": "containernetworking-plugins",
         "/usr/lib/cni/host-local": "containernetworking-plugins",
         "iptables": "iptables",
@@ -45,8 +50,6 @@ REAL_NODE = Need(
         "ip6tables-save": "iptables",
         "iptables-restore": "iptables",
         "ip6tables-restore": "iptables",
-        "buildah": "buildah",
-        "mmdebstrap": "mmdebstrap",
     },
 )
 # The trainer tier runs the launcher commands kube-ddp renders under real mpirun and Slurm.
