@@ -35,10 +35,8 @@ from datetime import datetime
 from typing import Any, Final
 
 from kube_ddp import names
-from kube_ddp.api import DDPTrainingJob
+from kube_ddp.api import DDPTrainingJob, Obj
 from kube_ddp.reasons import Reason
-
-Obj = dict[str, Any]
 
 GROUP: Final = "kueue.x-k8s.io"
 VERSION: Final = "v1beta2"

@@ -96,7 +96,7 @@ def decide_mpi(
     if status.phase == "Suspended":
         _resume(draft, job)
     if not mpijob.conditions:
-        _mpi_operator_silent(draft, job, mpijob)
+        _mpi_operator_not_responding(draft, job, mpijob)
     if mpijob.succeeded:
         launcher = next((p.name for p in launchers if p.phase == "Succeeded"), mpijob.name)
         message = f"{launcher} completed (mpirun exited 0)"
@@ -130,7 +130,7 @@ def _create_mpijob(draft: Draft, job: DDPTrainingJob, attempt: int) -> None:
     draft.phase("Pending", Reason.MPIJOB_CREATED, message)
 
 
-def _mpi_operator_silent(draft: Draft, job: DDPTrainingJob, mpijob: MPIJobView) -> None:
+def _mpi_operator_not_responding(draft: Draft, job: DDPTrainingJob, mpijob: MPIJobView) -> None:
     """An MPIJob the MPI Operator has not acted on (no condition at all) for a while: say so
     once, rather than stay Pending without a word (is the MPI Operator running?)."""
     if mpijob.created_at is None:
@@ -143,10 +143,10 @@ def _mpi_operator_silent(draft: Draft, job: DDPTrainingJob, mpijob: MPIJobView) 
         f"The MPI Operator has not acted on the MPIJob {job.name} for "
         f"{MPI_OPERATOR_PATIENCE:.0f}s: is it installed and running?"
     )
-    said = [c for c in draft.status.conditions if c.reason == Reason.MPI_OPERATOR_SILENT]
+    said = [c for c in draft.status.conditions if c.reason == Reason.MPI_OPERATOR_NOT_RESPONDING]
     if not said:
-        draft.events.append(Event("Warning", Reason.MPI_OPERATOR_SILENT, message))
-    draft.condition("Created", "True", Reason.MPI_OPERATOR_SILENT, message)
+        draft.events.append(Event("Warning", Reason.MPI_OPERATOR_NOT_RESPONDING, message))
+    draft.condition("Created", "True", Reason.MPI_OPERATOR_NOT_RESPONDING, message)
 
 
 def _resume(draft: Draft, job: DDPTrainingJob) -> None:
