@@ -152,7 +152,6 @@ OPERATOR_IMAGE = "localhost/kube-ddp-operator:dev"
 PYTHON_BASE = (
     "localhost/debian-python:trixie"  # stands in for python:*-slim, which cannot be pulled
 )
-BUILD_PACKAGES = {"buildah": "buildah", "mmdebstrap": "mmdebstrap", "runc": "runc"}
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # What the operator Dockerfile copies: a change to any of them means a new image.
 OPERATOR_SOURCES = (

@@ -203,13 +203,3 @@ def lease_rules(lease_name: str) -> tuple[Rule, ...]:
             "create the Lease the first time (a create cannot be limited to one name)",
         ),
     )
-
-
-def job_policy_rules(mpi_jobs: bool = True, kueue_jobs: bool = True) -> list[dict[str, list[str]]]:
-    """The job rules (and the cluster ones) as PolicyRules, with the optional ones chosen."""
-    chosen = {
-        None,
-        *(["rbac.mpiJobs"] if mpi_jobs else []),
-        *(["rbac.kueue"] if kueue_jobs else []),
-    }
-    return [rule.policy_rule() for rule in (*JOB_RULES, *CLUSTER_RULES) if rule.only_if in chosen]
