@@ -20,8 +20,9 @@ SYNCED := $(VENV)/.synced
 
 help:
 	@echo "make demo            run the example job locally: 2 CPU workers (digits), no download"
-	@echo "make test            lint + all test tiers (unit, trainer, cluster)"
-	@echo "make lint            ruff, mypy, hadolint, actionlint"
+	@echo "make test            lint + all test tiers (unit, trainer, cluster, e2e)"
+	@echo "make lint            ruff, mypy (--strict on hack/devcluster), the layer contract"
+	@echo "                     (lint-imports), hadolint, actionlint"
 	@echo "make crds            regenerate the CRD (manifests/ and the chart's crds/) from the API models"
 	@echo "make manifests       crds + the chart's generated files + manifests/install.yaml"
 	@echo "make release-check   every release step that does not push: version, chart, operator image"
@@ -49,6 +50,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy operator/kube_ddp trainer_image/ddp_trainer
 	$(VENV)/bin/mypy --strict hack/devcluster
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 	$(VENV)/bin/hadolint Dockerfile trainer_image/Dockerfile trainer_image/torch-cpu.Dockerfile
 	$(PY) hack/dev-cluster.py tool actionlint .github/workflows/*.yaml
 

@@ -17,6 +17,14 @@ Each generated fact has one home elsewhere:
 | manifests/install.yaml | `helm template` of the chart with default values |
 
 helm is the dev cluster's (hack/dev-cluster.py builds it into the cache); nothing is downloaded.
+
+The values are described once, by helm-docs' `# --` comment convention in values.yaml, but
+written here rather than by helm-docs: helm-docs renders a whole README from a template and
+takes each value's type from its YAML default ("string", "list", "object", and a row per list
+element), while this table's types come from values.schema.json (enums, array item types), the
+same descriptions go into the schema (what `helm install` and editors show), and every value,
+schema property and description is checked to match the others. helm-docs does none of the
+last two, so this file would stay for them; a second tool for the table alone is not worth it.
 """
 
 from __future__ import annotations

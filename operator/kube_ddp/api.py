@@ -102,6 +102,7 @@ NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
 Quantity = int | Annotated[str, Field(pattern=QUANTITY_PATTERN)]
 FreeForm = dict[str, Any]
+Obj = dict[str, Any]  # a Kubernetes object as JSON: one the API server sent, or one built for it
 
 
 def _cel_list(values: tuple[str, ...] | list[str]) -> str:
@@ -385,12 +386,28 @@ def _nproc_fits(spec: DDPTrainingJobSpec) -> bool:
     )
 
 
+# A backend named in ACCELERATOR_BACKENDS runs only on the accelerators it is named for, except
+# gloo: CPU collectives run beside any accelerator.
+ANY_ACCELERATOR_BACKEND = "gloo"
+_ACCELERATORS_OF = {
+    backend: [a for a, b in ACCELERATOR_BACKENDS.items() if b == backend]
+    for backend in sorted(set(ACCELERATOR_BACKENDS.values()) - {ANY_ACCELERATOR_BACKEND})
+}
+
+
 def _backend_fits(spec: DDPTrainingJobSpec) -> bool:
-    accelerator = spec.accelerator.type
-    return not (
-        (spec.backend == "hccl" and accelerator != "gaudi")
-        or (spec.backend == "nccl" and accelerator not in ("nvidia", "amd"))
+    accelerators = _ACCELERATORS_OF.get(spec.backend)
+    return accelerators is None or spec.accelerator.type in accelerators
+
+
+_CEL_BACKEND_FITS = (
+    "!("
+    + " || ".join(
+        f"(self.backend == '{backend}' && !(self.accelerator.type in {_cel_list(accelerators)}))"
+        for backend, accelerators in _ACCELERATORS_OF.items()
     )
+    + ")"
+)
 
 
 class DDPTrainingJobSpec(Model):
@@ -449,8 +466,7 @@ class DDPTrainingJobSpec(Model):
             holds=_nproc_fits,
         ),
         Rule(
-            cel="!((self.backend == 'hccl' && self.accelerator.type != 'gaudi') || "
-            "(self.backend == 'nccl' && !(self.accelerator.type in ['nvidia', 'amd'])))",
+            cel=_CEL_BACKEND_FITS,
             message="backend {self.backend} does not run on accelerator "
             "{self.accelerator.type}: use backend auto",
             message_expression="'backend ' + self.backend + ' does not run on accelerator ' + "
@@ -564,26 +580,16 @@ class DDPTrainingJobSpec(Model):
         return ACCELERATOR_BACKENDS[self.accelerator.type]
 
 
-# Fields a live job keeps: its running group was built from them. runPolicy may change
-# (suspend, deadline, TTL, backoff); template only while suspended, when Kueue writes node
-# selectors. Only the API server knows the old object, so these rules are CEL alone.
-IMMUTABLE_SPEC_FIELDS = (
-    "nodes",
-    "accelerator",
-    "nprocPerNode",
-    "launcher",
-    "backend",
-    "port",
-    "image",
-    "imagePullPolicy",
-    "trainer",
-    "command",
-    "args",
-    "env",
-    "resources",
-    "elastic",
-    "mpi",
-    "scheduling",
+# What a live job may change; every other field of the spec is kept, since its running group
+# was built from it (a new field is immutable unless added here). runPolicy may change (suspend,
+# deadline, TTL, backoff); template only while suspended, when Kueue writes node selectors (its
+# own rule in `transition_rules`). Only the API server knows the old object, so these rules are
+# CEL alone.
+MUTABLE_SPEC_FIELDS = ("runPolicy", "template")
+IMMUTABLE_SPEC_FIELDS = tuple(
+    alias
+    for field in DDPTrainingJobSpec.model_fields.values()
+    if (alias := field.alias) is not None and alias not in MUTABLE_SPEC_FIELDS
 )
 
 

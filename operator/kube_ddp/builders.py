@@ -16,9 +16,7 @@ from typing import Any
 from ddp_trainer import contract
 from ddp_trainer.options import to_argv
 from kube_ddp import gang, names
-from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, MPIOptions
-
-Obj = dict[str, Any]
+from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, MPIOptions, Obj
 
 SHM_VOLUME = "dshm"
 # Intel Gaudi needs host IPC, huge pages and SYS_NICE (Habana's own job examples).

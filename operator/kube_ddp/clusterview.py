@@ -23,9 +23,8 @@ from typing import Any, TextIO
 from pydantic import ValidationError
 
 from kube_ddp import names
-from kube_ddp.api import JobStatus
+from kube_ddp.api import JobStatus, Obj
 
-Obj = dict[str, Any]
 KUBECTL_TIMEOUT_S = 60
 EVENTS_SHOWN = 12
 

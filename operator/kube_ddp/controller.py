@@ -208,7 +208,7 @@ class Controller:
         index = self.mpi_pods if job.spec.launcher == "mpi" else self.pods
         pods = list(index.get(key, [])) if index is not None else []
         expected = self.expectations.pending(key, asyncio.get_running_loop().time())
-        body, job, queued = await self._queue(key, body, job, pods)
+        body, job, queued = await self._apply_kueue(key, body, job, pods)
         if queued.refused is not None:
             await self._apply(key, body, status, reject(status, [queued.refused], now))
             return
@@ -226,7 +226,7 @@ class Controller:
             return
         await self._apply(key, body, status, decision)
 
-    async def _queue(
+    async def _apply_kueue(
         self, key: Key, body: dict[str, Any], job: DDPTrainingJob, pods: list[PodView]
     ) -> tuple[dict[str, Any], DDPTrainingJob, kueue.Step]:
         """Kueue's contract for a job labelled with a queue (`kueue.plan` decides): the job as

@@ -17,11 +17,9 @@ the scheduler's default name (a second scheduler installed under another name).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
-from kube_ddp.api import DDPTrainingJob, GangPolicy
-
-Obj = dict[str, Any]
+from kube_ddp.api import DDPTrainingJob, GangPolicy, Obj
 
 
 @dataclass(frozen=True)

@@ -7,28 +7,29 @@ job for one reconcile in `kube_ddp.controller`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
-from kopf._cogs.structs.references import Insights  # kopf==1.45.2: not exported
 
 from kube_ddp import kueue, names
 from kube_ddp.config import OperatorConfig
 from kube_ddp.controller import Controller, Key
+from kube_ddp.kopf_insights import Insights, watches
 from kube_ddp.kube import Kube, load_credentials
 from kube_ddp.status import MPIJobView, PodView
 
 # Pod events of one job within this many seconds are handled together: fewer status writes
 # under load, at a small cost in reaction time.
 POD_EVENT_WINDOW = 0.05
-OUR_PODS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+# Our pods, MPIJobs and (Kueue's, for our jobs) Workloads carry `managed-by=kube-ddp`: kopf's
+# label filter, and as `OURS_SELECTOR` the watch's label selector for MPIJobs and Workloads.
+OURS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+OURS_SELECTOR = ",".join(f"{key}={value}" for key, value in OURS.items())
 # launcher mpi: the MPI Operator's pods of our MPIJobs carry the job's name but not
 # `managed-by` (builders.mpi_pod_labels), and the MPI Operator's role label.
 MPI_PODS = {names.LABEL_JOB_NAME: kopf.PRESENT, names.MPI_LABEL_ROLE: kopf.PRESENT}
-OUR_MPIJOBS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 MPIJOB_GROUP, MPIJOB_VERSION = names.MPIJOB_API_VERSION.split("/")
-OUR_WORKLOADS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}  # Kueue's, for our jobs
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -59,9 +60,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Only pods of our jobs are sent by the API server (our workers and the MPI Operator's pods
     # of our MPIJobs): a busy cluster's other pods cost nothing.
     settings.watching.label_selectors["pods"] = names.LABEL_JOB_NAME
-    mpijobs = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
-    settings.watching.label_selectors[MPIJOB_GROUP, names.MPIJOB_PLURAL] = mpijobs
-    settings.watching.label_selectors[kueue.GROUP, kueue.WORKLOADS] = mpijobs  # ours too
+    settings.watching.label_selectors[MPIJOB_GROUP, names.MPIJOB_PLURAL] = OURS_SELECTOR
+    settings.watching.label_selectors[kueue.GROUP, kueue.WORKLOADS] = OURS_SELECTOR
     # kopf would list every CRD and namespace to follow new ones: a cluster-wide right we do
     # not need, since we watch fixed resources in fixed namespaces.
     settings.scanning.disabled = True
@@ -69,13 +69,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.controller = Controller(config=config, kube=Kube())
     insights: Insights | None = getattr(memo, "insights", None)  # set by serving.run
     if insights is not None:
-        memo.controller.watches_mpijobs = _watched(insights, MPIJOB_GROUP, names.MPIJOB_PLURAL)
-        memo.controller.watches_workloads = _watched(insights, kueue.GROUP, kueue.WORKLOADS)
-
-
-def _watched(insights: Insights, group: str, plural: str) -> Callable[[], bool]:
-    """Whether kopf watches the kind: it looks the kinds up once, when it starts."""
-    return lambda: any(r.group == group and r.plural == plural for r in insights.watched_resources)
+        memo.controller.watches_mpijobs = watches(insights, MPIJOB_GROUP, names.MPIJOB_PLURAL)
+        memo.controller.watches_workloads = watches(insights, kueue.GROUP, kueue.WORKLOADS)
 
 
 @kopf.on.cleanup()
@@ -93,7 +88,7 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 
 # The indexes are async functions: kopf runs a plain one in a thread pool, a hop that cost about
 # a tenth of the operator's CPU when thousands of pods start (py-spy, docs/BENCHMARKS.md).
-@kopf.index("pods", labels=OUR_PODS)
+@kopf.index("pods", labels=OURS)
 async def ddp_pods(
     namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
 ) -> Any:
@@ -140,7 +135,7 @@ async def pod_event(
         controller.pod_changed((namespace, job), name, POD_EVENT_WINDOW)
 
 
-@kopf.on.event(MPIJOB_GROUP, MPIJOB_VERSION, names.MPIJOB_PLURAL, labels=OUR_MPIJOBS)
+@kopf.on.event(MPIJOB_GROUP, MPIJOB_VERSION, names.MPIJOB_PLURAL, labels=OURS)
 async def mpijob_event(
     type: str,
     event: kopf.RawEvent,
@@ -160,7 +155,7 @@ async def mpijob_event(
         controller.mpijob_changed((namespace, job), view, POD_EVENT_WINDOW)
 
 
-@kopf.on.event(kueue.GROUP, kueue.VERSION, kueue.WORKLOADS, labels=OUR_WORKLOADS)
+@kopf.on.event(kueue.GROUP, kueue.VERSION, kueue.WORKLOADS, labels=OURS)
 async def workload_event(
     namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
 ) -> None:

@@ -12,14 +12,13 @@ import contextlib
 import json
 import os
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 import kopf
 
 from kube_ddp import gang, kueue, names
+from kube_ddp.api import Obj
 
-Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 
 # Where each kind we create lives: (apiVersion, kind) -> plural.

@@ -1,28 +1,8 @@
 """Pure: Kueue's contract for a job kind it does not know, as kube-ddp keeps it for a job
-labelled `kueue.x-k8s.io/queue-name` (followed: sigs.k8s.io/kueue v0.19.2,
-pkg/controller/jobframework reconciler.go `ReconcileGenericJob`).
+labelled `kueue.x-k8s.io/queue-name`: the Workload a job gets, what an admission or an eviction
+means, and `plan`, which decides the step (suspend, admit, evict, finish).
 
-Kueue is configured with `integrations.externalFrameworks: ["DDPTrainingJob.v1alpha1.kubeddp.io"]`,
-which makes the kind a known owner and nothing more: Kueue runs no controller and no webhook for
-it. The operator does the job framework's part, and `plan` decides it:
-
-1. a queued job is suspended (`runPolicy.suspend: true`) before any pod exists;
-2. it gets one Workload, owned by the job: pod set `worker`, `count` = nodes, the worker pod's
-   template (its requests are what quota counts: accelerators, hugepages), the priority of the
-   `kueue.x-k8s.io/priority-class` WorkloadPriorityClass, else of the pods' PriorityClass;
-3. when Kueue admits it (`Admitted=True`) the operator merges the assigned ResourceFlavors'
-   `nodeLabels` into `spec.template.nodeSelector` and their `tolerations` into
-   `spec.template.tolerations` (v1beta2 assignments name flavors only), and unsuspends;
-4. when Kueue evicts it (`Evicted=True`: preempted, deactivated, ...) the operator suspends the
-   job (the pods are removed; no restart is counted) and, once no pod is active, gives the
-   quota back on the Workload's status (`admission: null`, `QuotaReserved=False`,
-   `Admitted=False`, `Requeued`), as Kueue does for its own kinds;
-5. a running job whose Workload is not admitted is suspended; once all its workers run, the
-   Workload gets `PodsReady=True` (which Kueue's `waitForPodsReady` waits for);
-6. when the job ends, its Workload is `Finished` (`Succeeded` or `Failed`).
-
-The selectors of a former admission are replaced, not added to: the template the user wrote is
-kept on the Workload (annotation `TEMPLATE_ANNOTATION`) when it is created.
+The contract itself, step by step, is docs/design.md ("Queues: Kueue").
 """
 
 from __future__ import annotations
@@ -35,10 +15,8 @@ from datetime import datetime
 from typing import Any, Final
 
 from kube_ddp import names
-from kube_ddp.api import DDPTrainingJob
+from kube_ddp.api import DDPTrainingJob, Obj
 from kube_ddp.reasons import Reason
-
-Obj = dict[str, Any]
 
 GROUP: Final = "kueue.x-k8s.io"
 VERSION: Final = "v1beta2"

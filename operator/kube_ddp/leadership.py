@@ -27,11 +27,11 @@ from typing import Any
 
 import aiohttp
 
+from kube_ddp.api import Obj
 from kube_ddp.config import LeaseSettings
 from kube_ddp.kube import ApiError, ConflictError, Kube, NotFoundError
 
 log = logging.getLogger(__name__)
-Obj = dict[str, Any]
 LEASE_API = "/apis/coordination.k8s.io/v1"
 # Failed tries: the API server said no, or could not be reached in time.
 TRANSIENT = (ApiError, aiohttp.ClientError, OSError, TimeoutError)

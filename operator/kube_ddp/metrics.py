@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -26,6 +26,7 @@ JOBS_SYNCED = Counter(
     "Jobs reconciled since the operator started, each counted once (a job created again, once "
     "more): after a restart it reaches the number of live jobs once the operator caught up",
 )
+LEADER = Gauge("kubeddp_leader", "1 when this operator process is the active leader, else 0")
 GROUP_RESTARTS = Counter(
     "kubeddp_group_restarts",
     "Group restarts of DDPTrainingJobs, by the reason of the failure that caused each",

@@ -127,7 +127,7 @@ JOB_RULES: tuple[Rule, ...] = (
         (names.PLURAL,),
         ("patch",),
         "Kueue: suspend a queued or evicted job, apply an admission and resume it: "
-        "Controller._queue -> Kube.patch_job",
+        "Controller._apply_kueue -> Kube.patch_job",
         only_if="rbac.kueue",
     ),
     Rule(
@@ -142,7 +142,7 @@ JOB_RULES: tuple[Rule, ...] = (
         kueue.GROUP,
         (f"{kueue.WORKLOADS}/status",),
         ("patch",),
-        "Kueue: release an evicted Workload's quota, mark it Finished: Controller._queue -> "
+        "Kueue: release an evicted Workload's quota, mark it Finished: Controller._apply_kueue -> "
         "Kube.patch_workload_status",
         only_if="rbac.kueue",
     ),
@@ -172,7 +172,7 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         (kueue.RESOURCE_FLAVORS, kueue.PRIORITY_CLASSES),
         ("get",),
         "Kueue: the admitted ResourceFlavors' node labels and tolerations, a "
-        "WorkloadPriorityClass's value for a new Workload: Controller._queue",
+        "WorkloadPriorityClass's value for a new Workload: Controller._apply_kueue",
         only_if="rbac.kueue",
     ),
     Rule(
@@ -180,7 +180,7 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         ("priorityclasses",),
         ("get",),
         "Kueue: the pods' PriorityClass value for a new Workload when no WorkloadPriorityClass "
-        "is named: Controller._queue",
+        "is named: Controller._apply_kueue",
         only_if="rbac.kueue",
     ),
 )
@@ -203,13 +203,3 @@ def lease_rules(lease_name: str) -> tuple[Rule, ...]:
             "create the Lease the first time (a create cannot be limited to one name)",
         ),
     )
-
-
-def job_policy_rules(mpi_jobs: bool = True, kueue_jobs: bool = True) -> list[dict[str, list[str]]]:
-    """The job rules (and the cluster ones) as PolicyRules, with the optional ones chosen."""
-    chosen = {
-        None,
-        *(["rbac.mpiJobs"] if mpi_jobs else []),
-        *(["rbac.kueue"] if kueue_jobs else []),
-    }
-    return [rule.policy_rule() for rule in (*JOB_RULES, *CLUSTER_RULES) if rule.only_if in chosen]

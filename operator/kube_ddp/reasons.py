@@ -31,7 +31,9 @@ class Reason(StrEnum):
     EVICTED = "Evicted"  # Suspended: Kueue evicted its Workload (deactivated, stopped queue, ...)
     INVALID_SPEC = "InvalidSpec"  # the models or the API server refuse what the spec builds
     MPIJOB_CREATED = "MPIJobCreated"  # launcher mpi: the MPI Operator runs the pods
-    MPI_OPERATOR_SILENT = "MPIOperatorNotResponding"  # launcher mpi: its MPIJob has no status
+    MPI_OPERATOR_NOT_RESPONDING = (
+        "MPIOperatorNotResponding"  # launcher mpi: its MPIJob has no status
+    )
     LAUNCHER_RUNNING = "LauncherRunning"  # launcher mpi: mpirun and every worker run
     LAUNCHER_SUCCEEDED = "LauncherSucceeded"  # launcher mpi: mpirun exited 0
     LAUNCHER_FAILED = "LauncherFailed"  # launcher mpi: mpirun failed (a restart, or Failed)

@@ -25,17 +25,15 @@ from typing import Any
 
 import kopf
 from aiohttp import web
-from kopf._cogs.structs.references import Insights  # kopf==1.45.2: not exported, but stable
-from prometheus_client import Gauge
 
 from kube_ddp import metrics
 from kube_ddp.config import LeaseSettings, OperatorConfig
+from kube_ddp.kopf_insights import Insights
 from kube_ddp.kube import Kube
 from kube_ddp.leadership import LeaseElector
 
 log = logging.getLogger(__name__)
 EXIT_LOST_LEADERSHIP = 3
-LEADER = Gauge("kubeddp_leader", "1 when this operator process is the active leader, else 0")
 
 
 class Probes:
@@ -107,7 +105,7 @@ async def run(config: OperatorConfig, lease: LeaseSettings | None, memo: kopf.Me
     elector = LeaseElector(kube, lease) if kube is not None and lease is not None else None
     probes = Probes(elector)
     runner = await probes.serve(config.health_port) if config.health_port else None
-    LEADER.set(0)
+    metrics.LEADER.set(0)
     metrics.serve(config.metrics_port, _job_bodies(memo))  # standbys are scraped too
     try:
         if elector is not None:
@@ -121,7 +119,7 @@ async def run(config: OperatorConfig, lease: LeaseSettings | None, memo: kopf.Me
             if not await _wait_for_leadership(elector):
                 return 0
         probes.acting = True
-        LEADER.set(1)
+        metrics.LEADER.set(1)
         memo.insights = probes.insights  # what kopf watches: handlers.configure reads it
         operator = asyncio.create_task(
             kopf.operator(
@@ -148,7 +146,7 @@ async def run(config: OperatorConfig, lease: LeaseSettings | None, memo: kopf.Me
         operator.result()
         return 0
     finally:
-        LEADER.set(0)
+        metrics.LEADER.set(0)
         if elector is not None:
             await elector.release()
         if kube is not None:

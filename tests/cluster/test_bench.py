@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import operator_bench
+from benchmarks import operator_measure, operator_report
 from benchmarks.contenders import CONTENDERS
 from tests.cluster.support import Cluster, load_dev_cluster
 
 
 @pytest.mark.timeout(1800)  # the MPI Operator's machine-wide lock may make it wait
 def test_operator_benchmark_runs_with_the_peers(cluster: Cluster, tmp_path: Path) -> None:
-    sizes = operator_bench.QUICK
+    sizes = operator_measure.QUICK
     mpioperator = load_dev_cluster().mpioperator
     had_mpijobs = mpioperator.crd_installed(cluster.kubeconfig)
     try:
-        results = operator_bench.measure(tmp_path, sizes, list(CONTENDERS.values()))
+        results = operator_measure.measure(tmp_path, sizes, list(CONTENDERS.values()))
     finally:
         # Later modules check what a cluster without the MPIJob kind does.
         if not had_mpijobs:
@@ -32,7 +32,7 @@ def test_operator_benchmark_runs_with_the_peers(cluster: Cluster, tmp_path: Path
         assert results["completion"][key]["requests_per_job"]["POST pods/binding"] >= 2
         restart = results["scale"][key]["restart"]
         assert restart["jobs"] == sizes.scale_jobs[0]
-    text = operator_bench.render(results, sizes, "pytest")
+    text = operator_report.render(results, sizes, "pytest")
     for title in results["contenders"].values():
         assert title in text
     assert (tmp_path / "results.json").is_file()

@@ -7,7 +7,6 @@ import json
 import os
 import pickle
 import re
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -90,12 +89,6 @@ def write_cifar_dataset(directory: Path, per_batch: int = 120, test: int = 200) 
         write_cifar_batch(batches / f"data_batch_{number}", images, labels)
     write_cifar_batch(batches / "test_batch", *striped_images(test, 99))
     return directory
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def clean_env(**extra: str) -> dict[str, str]:

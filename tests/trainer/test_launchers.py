@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kube_ddp.builders import BuildSettings, build_mpijob
+from kube_ddp.local.plan import free_port
 from tests.host_tools import require
 from tests.trainer import support
 from tests.unit.support import make_job
@@ -60,7 +61,7 @@ def test_mpirun_runs_the_rendered_launcher_command_across_two_hosts(
     job = make_job(
         nodes=2,
         launcher="mpi",
-        port=support.free_port(),
+        port=free_port(),
         mpi={"socketsPerNode": 1, "coresPerProcess": 1},  # this machine: 1 socket, 2 cores
         trainer={**TARGET, "dataDir": str(idx_data), "summaryFile": str(summary)},
     )
@@ -102,8 +103,8 @@ def slurm_conf(directory: Path, host: str) -> str:
         [
             "ClusterName=kube-ddp-test",
             f"SlurmctldHost={host}(127.0.0.1)",
-            f"SlurmctldPort={support.free_port()}",
-            f"SlurmdPort={support.free_port()}",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
             f"SlurmUser={os.environ.get('USER') or 'root'}",
             f"SlurmdUser={os.environ.get('USER') or 'root'}",
             "AuthType=auth/none",
@@ -188,7 +189,7 @@ def test_srun_tasks_per_node_train_to_the_target(
         *("--timeout-seconds", "60", "--summary-file", str(summary)),
     ]
     srun = ["srun", "--nodes=1", "--ntasks-per-node=2", *([f"--mpi={mpi}"] if mpi else [])]
-    env = support.clean_env(PATH=venv_first_path(), MASTER_PORT=str(support.free_port()), **slurm)
+    env = support.clean_env(PATH=venv_first_path(), MASTER_PORT=str(free_port()), **slurm)
     run = support.run([*srun, *support.trainer_command(*args)], env=env).check()
     result = support.summary(summary)
     assert (result["world_size"], result["stopped_early"]) == (2, True)

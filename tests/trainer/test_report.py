@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from ddp_trainer.report import StatusReporter, status_url, training_patch
+from kube_ddp.local.plan import free_port
 from tests.trainer import support
 
 STATUS_PATH = "/apis/kubeddp.io/v1alpha1/namespaces/team-a/ddptrainingjobs/mnist/status"
@@ -199,7 +200,7 @@ def test_failed_reports_back_off_and_never_raise(
 def test_unreachable_api_server_is_a_warning(
     token_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    port = support.free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     reporter = StatusReporter(status_url(f"http://127.0.0.1:{port}", "a", "b"), token_file)
     with caplog.at_level(logging.WARNING):
         assert reporter.report(PATCH) is False

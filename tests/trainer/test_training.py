@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kube_ddp.local.plan import free_port
 from tests.trainer import support
 from tests.trainer.support import Run
 
@@ -46,7 +47,7 @@ def test_mpirun_style_run_gets_the_same_ranks_and_result(
     """Open MPI's variables set by hand, the master from a host file: what mpirun would give."""
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# written by the MPI operator\n127.0.0.1 slots=2\n")
-    port = str(support.free_port())
+    port = str(free_port())
     envs = [
         support.clean_env(
             OMPI_COMM_WORLD_RANK=str(rank),

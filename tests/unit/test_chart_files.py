@@ -15,7 +15,7 @@ import yaml
 
 import kube_ddp
 from kube_ddp import kube, names
-from kube_ddp.permissions import JOB_RULES, job_policy_rules, lease_rules
+from kube_ddp.permissions import CLUSTER_RULES, JOB_RULES, lease_rules
 from tests.unit.support import KUBERNETES_VERSION, REPO, load_hack_script
 
 
@@ -102,6 +102,12 @@ def test_the_operator_holds_what_the_reporter_role_grants() -> None:
                     and not r.resource_names
                     for r in JOB_RULES
                 ), f"the operator cannot grant {verb} {resource}"
+
+
+def job_policy_rules(mpi_jobs: bool) -> list[dict[str, list[str]]]:
+    """The job rules (and the cluster ones) as PolicyRules, the MPIJob ones chosen or not."""
+    chosen = {None, "rbac.kueue", *(["rbac.mpiJobs"] if mpi_jobs else [])}
+    return [rule.policy_rule() for rule in (*JOB_RULES, *CLUSTER_RULES) if rule.only_if in chosen]
 
 
 @pytest.mark.parametrize("mpi_jobs", [True, False])

@@ -163,8 +163,8 @@ def test_an_mpijob_without_status_for_a_minute_says_the_mpi_operator_is_silent()
     soon = decide(pending, [], NOW - timedelta(seconds=31), mpijob=silent)
     assert soon.events == () and soon.requeue_after == 30
     decision = decide(pending, [], NOW, mpijob=silent)
-    assert condition(decision, "Created") == ("True", Reason.MPI_OPERATOR_SILENT)
-    assert [e.reason for e in decision.events] == [Reason.MPI_OPERATOR_SILENT]
+    assert condition(decision, "Created") == ("True", Reason.MPI_OPERATOR_NOT_RESPONDING)
+    assert [e.reason for e in decision.events] == [Reason.MPI_OPERATOR_NOT_RESPONDING]
     assert "is it installed and running" in decision.events[0].message
     again = decide(
         mpi_job(decision.status.model_dump(by_alias=True, mode="json")), [], NOW, mpijob=silent

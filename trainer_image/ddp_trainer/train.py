@@ -78,6 +78,10 @@ class Progress:
     stopped_early: bool = False
 
 
+def _images(splits: Splits) -> bool:
+    return len(splits.sample_shape) == 3  # channels, height, width
+
+
 class Recipe:
     """One rank's training run, in four steps: construct, `setup`, `train`, `cleanup`.
 
@@ -165,7 +169,22 @@ class Recipe:
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True
             torch.set_float32_matmul_precision("high")  # TF32 matmuls
+        splits = self._setup_data()
+        self._setup_model(splits)
+        self._setup_optimizer()
+        self._resume()  # before DDP wraps the model: DDP then broadcasts rank 0's weights
+        self._wrap()
+        shard = math.ceil(self.train_size / self.world.world_size)
+        self.steps_per_epoch = math.ceil(shard / options.batch_size)
+        self.reporter = None
+        if self.world.is_main and options.report_progress:
+            self.reporter = StatusReporter.from_env(os.environ)
+        self.bar = ProgressBar(enabled=self.world.is_main)
 
+    def _setup_data(self) -> Splits:
+        """The dataset as device-resident, sharded, normalised batches; whether to flip and
+        augment its images."""
+        options, device = self.options, self.device
         splits = self._prepare_data()
         normalize = Normalizer(splits.train_x, device)
         self.train_size, self.val_size = len(splits.train_y), len(splits.val_y)
@@ -181,26 +200,36 @@ class Recipe:
             options,
         )
         self.flip_images = options.dataset == "cifar10"
-        image_data = len(splits.sample_shape) == 3
-        if options.augment and not image_data:
+        if options.augment and not _images(splits):
             log.warning("--augment ignored: the samples are not images")
-        self.augment_images = options.augment and image_data
+        self.augment_images = options.augment and _images(splits)
+        return splits
 
-        self.model = build_model(options, splits.sample_shape, splits.num_classes).to(device)
+    def _setup_model(self, splits: Splits) -> None:
+        """The bare model on the device, channels_last when it convolves images."""
+        device = self.device
+        self.model = build_model(self.options, splits.sample_shape, splits.num_classes).to(device)
         # NHWC suits tensor cores and oneDNN's CPU convolutions alike (1.3x for a WRN on CPU);
         # Gaudi picks its own layouts.
         has_convolutions = any(isinstance(m, nn.Conv2d) for m in self.model.modules())
-        self.channels_last = image_data and has_convolutions and device.type != "hpu"
+        self.channels_last = _images(splits) and has_convolutions and device.type != "hpu"
         if self.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-        self.precision = resolve_precision(options.precision, device)
-        self.optimizer = build_optimizer(self.model, options, self.world.world_size, device)
+
+    def _setup_optimizer(self) -> None:
+        """The precision, the optimizer (its base learning rates kept for the schedule) and, for
+        fp16, the loss scaler."""
+        self.precision = resolve_precision(self.options.precision, self.device)
+        self.optimizer = build_optimizer(
+            self.model, self.options, self.world.world_size, self.device
+        )
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         # fp16 needs loss scaling; bf16 has fp32's range and does not.
-        self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
 
-        self._resume()  # before DDP wraps the model: DDP then broadcasts rank 0's weights
-
+    def _wrap(self) -> None:
+        """What the steps call: the model inside DDP when distributed, compiled on request."""
+        options, device = self.options, self.device
         self.step_model = self.model
         if self.world.distributed:
             self.step_model = wrap_ddp(self.model, options, device)
@@ -208,13 +237,6 @@ class Recipe:
             backend = "hpu_backend" if device.type == "hpu" else "inductor"
             self.step_model = cast(nn.Module, torch.compile(self.step_model, backend=backend))
         self.mark_step = distributed.lazy_mode_step_marker(device)
-
-        shard = math.ceil(self.train_size / self.world.world_size)
-        self.steps_per_epoch = math.ceil(shard / options.batch_size)
-        self.reporter = None
-        if self.world.is_main and options.report_progress:
-            self.reporter = StatusReporter.from_env(os.environ)
-        self.bar = ProgressBar(enabled=self.world.is_main)
 
     def _prepare_data(self) -> Splits:
         """With --download, local rank 0 of each node fetches while the node's others wait."""

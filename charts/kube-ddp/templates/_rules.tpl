@@ -67,8 +67,8 @@
   resources: ["podgroups"]
   verbs: ["create"]
 {{- if .Values.rbac.kueue }}
-# Kueue: suspend a queued or evicted job, apply an admission and resume it: Controller._queue ->
-# Kube.patch_job
+# Kueue: suspend a queued or evicted job, apply an admission and resume it:
+# Controller._apply_kueue -> Kube.patch_job
 - apiGroups: ["kubeddp.io"]
   resources: ["ddptrainingjobs"]
   verbs: ["patch"]
@@ -81,7 +81,7 @@
   verbs: ["get", "list", "watch", "create"]
 {{- end }}
 {{- if .Values.rbac.kueue }}
-# Kueue: release an evicted Workload's quota, mark it Finished: Controller._queue ->
+# Kueue: release an evicted Workload's quota, mark it Finished: Controller._apply_kueue ->
 # Kube.patch_workload_status
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
@@ -106,14 +106,14 @@
 {{- define "kube-ddp.clusterRules" -}}
 {{- if .Values.rbac.kueue }}
 # Kueue: the admitted ResourceFlavors' node labels and tolerations, a WorkloadPriorityClass's
-# value for a new Workload: Controller._queue
+# value for a new Workload: Controller._apply_kueue
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["resourceflavors", "workloadpriorityclasses"]
   verbs: ["get"]
 {{- end }}
 {{- if .Values.rbac.kueue }}
 # Kueue: the pods' PriorityClass value for a new Workload when no WorkloadPriorityClass is named:
-# Controller._queue
+# Controller._apply_kueue
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["priorityclasses"]
   verbs: ["get"]

@@ -1,0 +1,84 @@
+"""The pure decision core: a job and its observed pods in, the new status and next actions out.
+
+Every failure rule of docs/design.md ("Status contract") lives in this package, so it can be
+tested as a table without kopf or a cluster. `decide` is called on every change of a job or of
+one of its pods; it must give the same answer when called again with the same inputs (the shell
+may repeat it at any time). One module per policy: `views` (what is read of pods and MPIJobs),
+`draft` (actions, Events, the decision being built), `lifecycle` (progress, suspend, deadline,
+the end and its cleanup), `failures` (restart or fail), `torchrun` and `mpi` (the two
+launchers' paths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from kube_ddp.api import DDPTrainingJob, JobStatus
+from kube_ddp.reasons import Reason
+from kube_ddp.status.draft import (
+    Action,
+    CreateWorkers,
+    Decision,
+    DeleteJob,
+    DeleteMPIJob,
+    DeletePods,
+    Draft,
+    Event,
+    SuspendMPIJob,
+)
+from kube_ddp.status.lifecycle import FINISHED
+from kube_ddp.status.mpi import decide_mpi
+from kube_ddp.status.torchrun import decide_torchrun
+from kube_ddp.status.views import MPIJobView, PodView
+
+__all__ = [
+    "FINISHED",
+    "Action",
+    "CreateWorkers",
+    "Decision",
+    "DeleteJob",
+    "DeleteMPIJob",
+    "DeletePods",
+    "Event",
+    "MPIJobView",
+    "PodView",
+    "SuspendMPIJob",
+    "decide",
+    "reject",
+]
+
+
+def decide(
+    job: DDPTrainingJob,
+    pods: Iterable[PodView],
+    now: datetime,
+    expected: Iterable[str] = (),
+    mpijob: MPIJobView | None = None,
+    suspended_by: tuple[str, str] | None = None,
+) -> Decision:
+    """The next status and actions for `job`.
+
+    `pods` are the job's pods as observed (for `launcher: mpi`, the MPI Operator's launcher
+    and workers, and `mpijob` its MPIJob); `expected` names objects the operator created that
+    the watch has not shown yet (they count as Pending, never as vanished); `suspended_by` is
+    (reason, message) when a queue, not the user, holds the job suspended (`kueue.plan`).
+    """
+    draft = Draft(status=job.status or JobStatus(), now=now)
+    draft.update(observed_generation=job.metadata.generation)
+    if job.spec.launcher == "mpi":
+        decide_mpi(draft, job, mpijob, list(pods), set(expected))
+    else:
+        decide_torchrun(draft, job, list(pods), expected, suspended_by)
+    return draft.decision()
+
+
+def reject(status: JobStatus, problems: list[str], now: datetime) -> Decision:
+    """A job whose spec the models refuse (it slipped past the schema): Failed, with why."""
+    draft = Draft(status=status, now=now)
+    if status.phase != "Failed":
+        message = "Invalid spec: " + "; ".join(problems)
+        draft.update(completion_time=now)
+        draft.condition("Failed", "True", Reason.INVALID_SPEC, message)
+        draft.phase("Failed", Reason.INVALID_SPEC, message, warning=True)
+    return draft.decision()

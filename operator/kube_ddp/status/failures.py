@@ -1,0 +1,155 @@
+"""The failure policy both launchers share: how a pod failed, which failure came first, and
+whether the group restarts or the job fails (docs/design.md, "Failure rules")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from kube_ddp import names
+from kube_ddp.api import DDPTrainingJob, Failure
+from kube_ddp.reasons import PodReason, Reason
+from kube_ddp.status.draft import Draft
+from kube_ddp.status.lifecycle import Group, finish
+from kube_ddp.status.views import PodView
+
+
+class TakenAway(StrEnum):
+    """Reasons Kubernetes gives a pod it took away, as opposed to the program failing. Kueue's
+    "Evicted" and "Preempted" (`Reason.EVICTED`, `Reason.PREEMPTED`) are another matter: a
+    Workload's, which suspend the job."""
+
+    EVICTED = "Evicted"  # the kubelet, under node pressure
+    PREEMPTED = "Preempted"  # the kubelet, for a critical pod
+    UNEXPECTED_ADMISSION_ERROR = "UnexpectedAdmissionError"
+    # the reasons of a pod's DisruptionTarget condition
+    DELETION_BY_POD_GC = "DeletionByPodGC"
+    EVICTION_BY_EVICTION_API = "EvictionByEvictionAPI"
+    PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
+    TERMINATION_BY_KUBELET = "TerminationByKubelet"
+
+
+# Pod reasons that mean the pod was taken away rather than the program failing.
+LOST_REASONS: frozenset[str] = frozenset({*TakenAway, PodReason.DELETED, PodReason.NODE_LOST})
+RETRYABLE_EXIT_CODE = 128  # >= 128: killed by a signal (OOM killer, SIGTERM, SIGKILL, abort)
+# The kubelet's reason for a container whose cgroup ran out of memory, whatever its exit code:
+# under torchrun the OOM killer takes a rank, and torchrun itself then exits 1.
+OOM_KILLED = "OOMKilled"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerFailure:
+    pod: str
+    reason: str
+    message: str
+    index: int = -1  # -1: not a worker (mpirun's launcher, the MPIJob)
+    exit_code: int | None = None  # None: the pod was lost, not the program ended
+    finished_at: str | None = None  # None: not known (vanished, still going away)
+    launcher: bool = False  # launcher mpi: mpirun's pod, not a worker
+
+    @property
+    def lost_or_killed(self) -> bool:
+        return (
+            self.exit_code is None
+            or self.exit_code >= RETRYABLE_EXIT_CODE
+            or self.reason in LOST_REASONS
+            or self.reason == OOM_KILLED
+        )
+
+    @property
+    def cause_first(self) -> tuple[bool, str, bool, bool, int]:
+        """The sort key that puts the failure that caused the others first: the earliest, one
+        without a finish time after all timed ones. Finish times have a resolution of one
+        second; within the same second, a rank killed or lost comes first (its peers' errors,
+        their collectives broken, follow from it), and a worker before mpirun, which only
+        reports what happened to a rank."""
+        timed = self.finished_at is not None
+        return (
+            not timed,
+            self.finished_at or "",
+            not self.lost_or_killed,
+            self.launcher,
+            self.index,
+        )
+
+    def describe(self) -> str:
+        what = f"exited with code {self.exit_code}" if self.exit_code is not None else "was lost"
+        detail = f" ({self.reason}{': ' + self.message if self.message else ''})"
+        return f"{self.pod} {what}{detail}"
+
+
+def pod_failure(pod: PodView) -> WorkerFailure | None:
+    """How `pod` failed, if it did: it ended Failed, its node was lost, or it is being
+    deleted before it succeeded."""
+    if not (pod.phase in ("Failed", "Unknown") or (pod.deleting and pod.phase != "Succeeded")):
+        return None
+    reason = pod.reason or (PodReason.NODE_LOST if pod.phase == "Unknown" else None)
+    reason = reason or (PodReason.DELETED if pod.deleting else PodReason.ERROR)
+    return WorkerFailure(
+        pod=pod.name,
+        index=pod.index,
+        exit_code=pod.exit_code if pod.phase == "Failed" else None,
+        reason=reason,
+        message=pod.message or "",
+        finished_at=pod.finished_at or None,
+        launcher=pod.role == names.MPI_LAUNCHER,
+    )
+
+
+def cause_first(failures: list[WorkerFailure]) -> list[WorkerFailure]:
+    return sorted(failures, key=lambda f: f.cause_first)
+
+
+def is_retryable(job: DDPTrainingJob, failure: WorkerFailure) -> bool:
+    """Which failures restart the group (docs/design.md, "Failure rules")."""
+    policy = job.spec.run_policy
+    if policy.restart_policy == "Never":
+        return False
+    if policy.restart_policy == "OnFailure":
+        return True
+    if failure.exit_code is None:
+        return True  # evicted, deleted, node lost: nothing wrong with the program
+    if failure.reason in LOST_REASONS or failure.reason == OOM_KILLED:
+        return True
+    return failure.exit_code >= RETRYABLE_EXIT_CODE or (
+        failure.exit_code in policy.retryable_exit_codes
+    )
+
+
+def fail_or_restart(
+    draft: Draft, job: DDPTrainingJob, failures: list[WorkerFailure], group: Group
+) -> None:
+    """Restart the group if the first failure is retryable and restarts are left; else Failed."""
+    first = failures[0]
+    failed = Reason.LAUNCHER_FAILED if first.launcher else Reason.WORKER_FAILED
+    failure = Failure(
+        pod=first.pod, exit_code=first.exit_code, reason=first.reason, message=first.message
+    )
+    draft.update(failure=failure)
+    policy = job.spec.run_policy
+    retryable = is_retryable(job, first)
+    if retryable and draft.status.restarts < policy.backoff_limit:
+        restarts = draft.status.restarts + 1
+        message = (
+            f"{first.describe()}; restarting the group "
+            f"(restart {restarts} of at most {policy.backoff_limit})"
+        )
+        draft.update(restarts=restarts)
+        draft.condition("Restarting", "True", failed, message)
+        draft.condition("Running", "False", failed, message)
+        draft.phase("Restarting", failed, message, warning=True)
+        group.stop(draft)
+        return
+    if retryable:
+        reason = Reason.BACKOFF_LIMIT_EXCEEDED
+        message = f"{first.describe()}; backoffLimit {policy.backoff_limit} reached"
+    elif policy.restart_policy == "Never":
+        reason = failed
+        message = f"{first.describe()}; restartPolicy is Never"
+    else:
+        reason = Reason.NON_RETRYABLE_EXIT_CODE
+        message = (
+            f"{first.describe()}; exit code {first.exit_code} is not retryable (codes >= 128 "
+            "and runPolicy.retryableExitCodes are)"
+        )
+    finish(draft, job, group, "Failed", reason, message)

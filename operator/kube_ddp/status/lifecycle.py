@@ -1,0 +1,148 @@
+"""A job's life that both launchers share: progress to Running, suspend, the deadline, the end
+(its conditions, cleanPodPolicy through the launcher's `Group`, ttlSecondsAfterFinished)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Literal, Protocol
+
+from kube_ddp import gang
+from kube_ddp.api import DDPTrainingJob, Phase, RunPolicy, WorkerCounts
+from kube_ddp.reasons import Reason
+from kube_ddp.status.draft import DeleteJob, Draft, Event, condition_status
+from kube_ddp.status.views import PodView
+
+FINISHED: tuple[Phase, ...] = ("Succeeded", "Failed")
+# Phases in which the pods of the current attempt have not all been created yet.
+NOT_CREATED: tuple[Phase | None, ...] = (None, "Restarting", "Suspended")
+
+
+class Group(Protocol):
+    """One attempt's running part as its launcher makes it: the worker pods (torchrun) or the
+    MPIJob (mpi)."""
+
+    def stop(self, draft: Draft) -> None:
+        """Remove the attempt before the group restarts."""
+
+    def clean_up(self, draft: Draft, policy: RunPolicy) -> None:
+        """What is left of it once the job has finished (cleanPodPolicy)."""
+
+
+def count_workers(draft: Draft, job: DDPTrainingJob, workers: Mapping[int, PodView]) -> None:
+    by_phase = [p.phase for p in workers.values()]
+    draft.update(
+        workers=WorkerCounts(
+            total=job.spec.nodes,
+            pending=by_phase.count("Pending"),
+            running=by_phase.count("Running"),
+            succeeded=by_phase.count("Succeeded"),
+            failed=by_phase.count("Failed") + by_phase.count("Unknown"),
+        )
+    )
+
+
+def progress(
+    draft: Draft,
+    job: DDPTrainingJob,
+    workers: Mapping[int, PodView],
+    *,
+    running: int,
+    up: str | None,
+    reason: Reason,
+    starting_note: str = "",
+) -> None:
+    """Pending until every worker is placed, Starting until the group runs, then Running.
+
+    `running` counts the workers that run; `up` says how the group runs (None while it does
+    not yet), with `reason`; `starting_note` tells what Starting still waits for.
+    """
+    nodes = job.spec.nodes
+    ordered = sorted(workers.values(), key=lambda p: p.index)
+    _schedulable(draft, ordered, nodes, gang.describe(job))
+    if up is not None:
+        draft.condition("Running", "True", reason, up)
+        if condition_status(draft.status, "Restarting") == "True":
+            draft.condition("Restarting", "False", reason, up)
+        draft.phase("Running", reason, up)
+    elif all(i in workers for i in range(nodes)) and all(p.scheduled for p in ordered):
+        draft.phase(
+            "Starting", Reason.WORKERS_STARTING, f"{running}/{nodes} workers running{starting_note}"
+        )
+    else:
+        placed = sum(p.scheduled for p in ordered)
+        draft.phase("Pending", Reason.WORKERS_PENDING, f"{placed}/{nodes} workers scheduled")
+
+
+def _schedulable(draft: Draft, workers: list[PodView], nodes: int, group: str | None) -> None:
+    """Schedulable=False naming the first worker the scheduler cannot place (and its gang,
+    `group`); True once all `nodes` are placed."""
+    stuck = [p for p in workers if p.unschedulable]
+    if stuck:
+        message = f"{stuck[0].name}: {stuck[0].unschedulable}"
+        if group is not None:
+            message = f"{group}: {message}"
+        if condition_status(draft.status, "Schedulable") != "False":
+            draft.events.append(Event("Warning", Reason.UNSCHEDULABLE, message))
+        draft.condition("Schedulable", "False", Reason.UNSCHEDULABLE, message)
+    elif len(workers) == nodes and all(p.scheduled for p in workers):
+        draft.condition("Schedulable", "True", Reason.SCHEDULED, "All worker pods are scheduled")
+
+
+def suspend(draft: Draft, pods: list[PodView], why: tuple[str, str] | None = None) -> None:
+    """Suspended: no pods, the job kept; resuming recreates them without counting a restart."""
+    draft.delete(pods)
+    reason, message = why or (
+        Reason.SUSPENDED,
+        "The job is suspended (runPolicy.suspend): its pods are removed",
+    )
+    draft.condition("Suspended", "True", reason, message)
+    if condition_status(draft.status, "Running") == "True":
+        draft.condition("Running", "False", reason, message)
+    draft.phase("Suspended", reason, message)
+
+
+def deadline_exceeded(draft: Draft, job: DDPTrainingJob) -> str | None:
+    """Why the job must fail if activeDeadlineSeconds has passed; else None, and a requeue for
+    when it will."""
+    deadline = job.spec.run_policy.active_deadline_seconds
+    started = draft.status.start_time
+    if deadline is None or started is None:
+        return None
+    left = (started + timedelta(seconds=deadline) - draft.now).total_seconds()
+    if left > 0:
+        draft.requeue(left)
+        return None
+    return f"The job ran longer than activeDeadlineSeconds ({deadline}s)"
+
+
+def finish(
+    draft: Draft,
+    job: DDPTrainingJob,
+    group: Group,
+    phase: Literal["Succeeded", "Failed"],
+    reason: str,
+    message: str,
+) -> None:
+    draft.update(completion_time=draft.now)
+    draft.condition(phase, "True", reason, message)
+    if condition_status(draft.status, "Running") is not None:
+        draft.condition("Running", "False", reason, message)
+    if condition_status(draft.status, "Restarting") == "True":
+        draft.condition("Restarting", "False", reason, message)
+    draft.phase(phase, reason, message, warning=phase == "Failed")
+    after_finish(draft, job, group)
+
+
+def after_finish(draft: Draft, job: DDPTrainingJob, group: Group) -> None:
+    """cleanPodPolicy, then ttlSecondsAfterFinished."""
+    policy = job.spec.run_policy
+    group.clean_up(draft, policy)
+    ttl = policy.ttl_seconds_after_finished
+    finished = draft.status.completion_time
+    if ttl is not None and finished is not None:
+        left = (finished + timedelta(seconds=ttl) - draft.now).total_seconds()
+        if left <= 0:
+            draft.actions.append(DeleteJob())
+        else:
+            draft.requeue(left)

@@ -1,0 +1,124 @@
+"""`launcher: torchrun` (the default): kube-ddp creates the worker pods of each attempt itself,
+restarts them as a group and cleans them up."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from kube_ddp import names
+from kube_ddp.api import DDPTrainingJob, RunPolicy, WorkerCounts
+from kube_ddp.reasons import PodReason, Reason
+from kube_ddp.status.draft import CreateWorkers, Draft
+from kube_ddp.status.failures import WorkerFailure, cause_first, fail_or_restart, pod_failure
+from kube_ddp.status.lifecycle import (
+    FINISHED,
+    NOT_CREATED,
+    after_finish,
+    count_workers,
+    deadline_exceeded,
+    finish,
+    progress,
+    suspend,
+)
+from kube_ddp.status.views import PodView
+
+
+@dataclass(frozen=True)
+class Pods:
+    """The group as torchrun's launcher has it: the worker pods."""
+
+    pods: Sequence[PodView]
+
+    def stop(self, draft: Draft) -> None:
+        draft.delete(self.pods)
+
+    def clean_up(self, draft: Draft, policy: RunPolicy) -> None:
+        if policy.clean_pod_policy == "All":
+            draft.delete(self.pods)
+        elif policy.clean_pod_policy == "Running":
+            draft.delete([p for p in self.pods if p.active])
+
+
+def decide_torchrun(
+    draft: Draft,
+    job: DDPTrainingJob,
+    observed: list[PodView],
+    expected: Iterable[str],
+    suspended_by: tuple[str, str] | None,
+) -> None:
+    status = draft.status
+    attempt = status.restarts
+    ours = [p for p in observed if p.owner_uid in (None, job.metadata.uid)]
+    current = {p.index: p for p in ours if p.attempt == attempt}
+    for name in expected:
+        index = _index_of(job, name)
+        if index is not None and index not in current:
+            current[index] = PodView(name=name, index=index, attempt=attempt, phase="Pending")
+    # Pods of another attempt, or of an earlier job of the same name: the next attempt
+    # reuses their names, so they must be gone before it starts.
+    stale = [p for p in observed if p.attempt != attempt or p not in ours]
+    count_workers(draft, job, current)
+
+    if status.phase in FINISHED:
+        after_finish(draft, job, Pods(ours))
+    elif job.spec.run_policy.suspend:
+        suspend(draft, observed, suspended_by)
+    elif (late := deadline_exceeded(draft, job)) is not None:
+        draft.delete([p for p in observed if p.active])
+        finish(draft, job, Pods(ours), "Failed", Reason.DEADLINE_EXCEEDED, late)
+    elif stale:
+        draft.delete(stale)
+    elif status.phase in NOT_CREATED:
+        if not any(p.deleting for p in current.values()):  # same names: let them go first
+            missing = [i for i in range(job.spec.nodes) if i not in current]
+            _create(draft, job, attempt, missing)
+    elif (worker0 := current.get(0)) is not None and worker0.phase == "Succeeded":
+        message = f"{worker0.name} completed"
+        finish(draft, job, Pods(ours), "Succeeded", Reason.WORKER_SUCCEEDED, message)
+    elif failures := _failures(job, current):
+        fail_or_restart(draft, job, failures, Pods(observed))
+    else:
+        nodes = job.spec.nodes
+        running = sum(p.phase in ("Running", "Succeeded") for p in current.values())
+        up = f"All {nodes} workers are running" if running == nodes else None
+        progress(draft, job, current, running=running, up=up, reason=Reason.WORKERS_RUNNING)
+
+
+def _index_of(job: DDPTrainingJob, pod_name: str) -> int | None:
+    prefix = names.worker_name(job.name, 0)[:-1]
+    suffix = pod_name.removeprefix(prefix)
+    return int(suffix) if suffix != pod_name and suffix.isdigit() else None
+
+
+def _create(draft: Draft, job: DDPTrainingJob, attempt: int, indices: list[int]) -> None:
+    """Create the group for this attempt (first start, after a restart, or on resume)."""
+    draft.actions.append(CreateWorkers(attempt=attempt, indices=tuple(indices)))
+    workers = draft.status.workers or WorkerCounts()
+    draft.update(workers=workers.model_copy(update={"pending": workers.pending + len(indices)}))
+    if draft.status.start_time is None:
+        draft.update(start_time=draft.now)
+    resumed = draft.status.phase == "Suspended"
+    if resumed:
+        draft.condition("Suspended", "False", Reason.RESUMED, "The job was resumed")
+    message = f"Created {job.spec.nodes} worker pods (attempt {attempt})"
+    draft.condition("Created", "True", Reason.WORKERS_CREATED, message)
+    draft.phase("Pending", Reason.RESUMED if resumed else Reason.WORKERS_CREATED, message)
+
+
+def _failures(job: DDPTrainingJob, current: Mapping[int, PodView]) -> list[WorkerFailure]:
+    """Failed, lost or vanished workers of this attempt, the first one first."""
+    failures = []
+    for index in range(job.spec.nodes):
+        pod = current.get(index)
+        if pod is None:
+            vanished = WorkerFailure(
+                pod=names.worker_name(job.name, index),
+                index=index,
+                reason=PodReason.DELETED,
+                message="the pod was deleted",
+            )
+            failures.append(vanished)
+        elif failure := pod_failure(pod):
+            failures.append(failure)
+    return cause_first(failures)

@@ -1,0 +1,139 @@
+"""What the status core reads of the world: a worker pod (`PodView`) and, for `launcher: mpi`,
+the MPIJob (`MPIJobView`), each taken from the object the API server returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kube_ddp import names
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the core needs to know of one worker pod."""
+
+    name: str
+    index: int
+    attempt: int
+    phase: str  # Pending, Running, Succeeded, Failed, Unknown
+    deleting: bool = False
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    finished_at: str | None = None
+    scheduled: bool = False
+    unschedulable: str | None = None  # the scheduler's message when it cannot place the pod
+    owner_uid: str | None = None
+    role: str | None = None  # launcher mpi: the MPI Operator's "launcher" or "worker"
+    created_at: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.phase in ("Pending", "Running") and not self.deleting
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any]) -> PodView:
+        metadata = pod.get("metadata", {})
+        labels = metadata.get("labels", {})
+        status = pod.get("status", {})
+        terminated = _terminated_state(status)
+        conditions = {c.get("type"): c for c in status.get("conditions", [])}
+        scheduled = conditions.get("PodScheduled", {})
+        unschedulable = None
+        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+            unschedulable = scheduled.get("message") or "the scheduler cannot place this pod"
+        owners = [o for o in metadata.get("ownerReferences", []) if o.get("controller")]
+        # Set when the pod is taken away (node gone, eviction, preemption) before it ends.
+        disruption = conditions.get("DisruptionTarget", {})
+        disrupted = disruption if disruption.get("status") == "True" else {}
+        return cls(
+            name=metadata.get("name", ""),
+            index=_int(labels.get(names.LABEL_REPLICA_INDEX)),
+            attempt=_int(labels.get(names.LABEL_ATTEMPT)),
+            phase=status.get("phase") or "Pending",
+            deleting=metadata.get("deletionTimestamp") is not None,
+            exit_code=terminated.get("exitCode"),
+            reason=disrupted.get("reason") or status.get("reason") or terminated.get("reason"),
+            message=disrupted.get("message") or status.get("message") or terminated.get("message"),
+            finished_at=terminated.get("finishedAt"),
+            scheduled=bool(pod.get("spec", {}).get("nodeName"))
+            or scheduled.get("status") == "True",
+            unschedulable=unschedulable,
+            owner_uid=owners[0].get("uid") if owners else None,
+            created_at=metadata.get("creationTimestamp"),
+        )
+
+    @classmethod
+    def from_mpi_pod(cls, pod: Mapping[str, Any]) -> PodView:
+        """A launcher or worker pod the MPI Operator made for one of our MPIJobs."""
+        labels = pod.get("metadata", {}).get("labels", {})
+        return dataclasses.replace(
+            cls.from_pod(pod),
+            index=_int(labels.get(names.MPI_LABEL_REPLICA_INDEX)),
+            role=labels.get(names.MPI_LABEL_ROLE),
+        )
+
+
+@dataclass(frozen=True)
+class MPIJobView:
+    """What the core needs to know of the MPIJob of a `launcher: mpi` job."""
+
+    name: str
+    attempt: int
+    deleting: bool = False
+    suspended: bool = False  # spec.runPolicy.suspend
+    conditions: Mapping[str, tuple[str, str, str]] = field(default_factory=dict)
+    completed: bool = False  # completionTime is set: Succeeded or Failed for good
+    created_at: datetime | None = None
+
+    def true(self, type_: str) -> bool:
+        return self.conditions.get(type_, ("False", "", ""))[0] == "True"
+
+    @property
+    def succeeded(self) -> bool:
+        return self.true("Succeeded")
+
+    @property
+    def failed(self) -> bool:
+        # Failed without completionTime (an evicted worker) can still end Succeeded.
+        return self.true("Failed") and self.completed
+
+    @classmethod
+    def from_mpijob(cls, body: Mapping[str, Any]) -> MPIJobView:
+        metadata = body.get("metadata", {})
+        status = body.get("status") or {}
+        return cls(
+            name=metadata.get("name", ""),
+            attempt=_int(metadata.get("labels", {}).get(names.LABEL_ATTEMPT)),
+            deleting=metadata.get("deletionTimestamp") is not None,
+            suspended=bool(body.get("spec", {}).get("runPolicy", {}).get("suspend")),
+            conditions={
+                c.get("type", ""): (c.get("status", ""), c.get("reason", ""), c.get("message", ""))
+                for c in status.get("conditions") or []
+            },
+            completed=status.get("completionTime") is not None,
+            created_at=_timestamp(metadata.get("creationTimestamp")),
+        )
+
+
+def _timestamp(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value) if value is not None else -1
+    except ValueError:
+        return -1
+
+
+def _terminated_state(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The trainer container's terminated state (the first container's if renamed)."""
+    containers = status.get("containerStatuses") or []
+    chosen = next((c for c in containers if c.get("name") == names.TRAINER_CONTAINER), None)
+    chosen = chosen or (containers[0] if containers else {})
+    return dict(chosen.get("state", {}).get("terminated") or {})
