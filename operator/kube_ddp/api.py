@@ -212,6 +212,14 @@ class RunPolicy(Model):
     active_deadline_seconds: int | None = Field(
         None, ge=1, description="Fail the job (DeadlineExceeded) this long after it started."
     )
+    progress_deadline_seconds: int | None = Field(
+        None,
+        ge=names.MIN_PROGRESS_DEADLINE_SECONDS,
+        description="Restart the group (ProgressDeadlineExceeded) when rank 0 has not reported "
+        "progress for this long while every worker runs; never before the attempt's first "
+        f"report. At least {names.MIN_PROGRESS_DEADLINE_SECONDS} (twice the trainer's "
+        "heartbeat).",
+    )
     ttl_seconds_after_finished: int | None = Field(
         None, ge=0, description="Delete the job this long after it Succeeded or Failed."
     )
@@ -665,7 +673,8 @@ class Failure(StatusModel):
 
 
 class TrainingProgress(StatusModel):
-    """Live progress, reported by rank 0 of the trainer after each epoch."""
+    """Live progress, reported by rank 0 of the trainer after each epoch and, within one, every
+    heartbeat."""
 
     epoch: int | None = Field(None, description="Epochs completed.")
     epochs: int | None = Field(None, description="Epochs planned.")
@@ -673,6 +682,14 @@ class TrainingProgress(StatusModel):
     val_accuracy: float | None = Field(None, description="Validation accuracy (0-1).")
     best_val_accuracy: float | None = Field(None, description="Best validation accuracy so far.")
     images_per_sec: float | None = Field(None, description="Training throughput, all ranks.")
+    step: int | None = Field(None, description="Steps done in the epoch under way.")
+    steps_per_epoch: int | None = Field(None, description="Steps in one epoch.")
+    progress_percentage: int | None = Field(
+        None, description="How much of the planned training is done (0-100)."
+    )
+    estimated_remaining_seconds: int | None = Field(
+        None, description="The time left at the current speed."
+    )
     updated_at: datetime | None = Field(None, description="When rank 0 last reported.")
 
 

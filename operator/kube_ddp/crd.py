@@ -163,6 +163,18 @@ PRINTER_COLUMNS: list[Schema] = [
         "jsonPath": ".status.training.valAccuracy",
         "description": "Validation accuracy of the last epoch",
     },
+    {
+        "name": "Progress",
+        "type": "integer",
+        "jsonPath": ".status.training.progressPercentage",
+        "description": "Percent of the planned steps done",
+    },
+    {
+        "name": "ETA",
+        "type": "integer",
+        "jsonPath": ".status.training.estimatedRemainingSeconds",
+        "description": "Seconds left at the current speed",
+    },
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes", "priority": 1},

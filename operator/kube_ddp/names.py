@@ -45,6 +45,11 @@ MPI_WORKER: Final = "worker"
 # The env contract: set by the operator on every worker, refused in a spec's own env.
 RESERVED_ENV: Final = contract.RESERVED_ENV
 
+# Silent failures: the trainer's heartbeat, the shortest progress deadline, a lost peer's exit.
+HEARTBEAT_SECONDS: Final = contract.HEARTBEAT_SECONDS
+MIN_PROGRESS_DEADLINE_SECONDS: Final = contract.MIN_PROGRESS_DEADLINE_SECONDS
+EXIT_PEER_LOST: Final = contract.EXIT_PEER_LOST
+
 
 def worker_name(job: str, index: int) -> str:
     return f"{job}-worker-{index}"

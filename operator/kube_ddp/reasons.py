@@ -24,6 +24,9 @@ class Reason(StrEnum):
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"  # retryable, but no restarts left
     NON_RETRYABLE_EXIT_CODE = "NonRetryableExitCode"  # the program failed: restarting won't help
     DEADLINE_EXCEEDED = "DeadlineExceeded"  # activeDeadlineSeconds
+    PROGRESS_DEADLINE_EXCEEDED = (
+        "ProgressDeadlineExceeded"  # no progress for progressDeadlineSeconds: a group restart
+    )
     WORKER_SUCCEEDED = "WorkerSucceeded"  # worker 0 exited 0
     SUSPENDED = "Suspended"  # runPolicy.suspend
     QUEUED = "Queued"  # Suspended: waiting in a Kueue LocalQueue for its Workload's admission

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ddp_trainer.report import StatusReporter, status_url, training_patch
+from ddp_trainer.report import Heartbeat, StatusReporter, status_url, training_patch
 from kube_ddp.local.plan import free_port
 from tests.trainer import support
 
@@ -223,9 +223,52 @@ def test_a_run_reports_every_epoch_and_the_defaults_learn(
     assert run.epochs[-1]["val_accuracy"] >= 0.8
 
     reported = [request["body"]["status"]["training"] for request in api_server.requests]
-    assert reported[0]["epoch"] == 1
+    assert (reported[0]["epoch"], reported[0]["step"]) == (0, 1)  # the first step's heartbeat
     assert len(reported) < 5  # epochs end faster than the 5 s backoff
     assert reported[-1]["epoch"] == 5
+    assert (reported[-1]["step"], reported[-1]["progressPercentage"]) == (0, 100)
     assert reported[-1]["epochs"] == 5
     assert reported[-1]["valAccuracy"] == pytest.approx(run.epochs[-1]["val_accuracy"], abs=1e-6)
     assert all(request["path"] == STATUS_PATH for request in api_server.requests)
+
+
+def test_heartbeats_report_the_step_by_time_not_by_step(
+    api_server: FakeApiServer, token_file: Path
+) -> None:
+    """The first step reports (the progress deadline counts from there), then one PATCH per
+    interval however many steps pass, with the step, the percentage and the time left."""
+    clock = Clock()
+    reporter = StatusReporter(status_url(api_server.url, "team-a", "mnist"), token_file)
+    heartbeat = Heartbeat(reporter, epochs=4, steps_per_epoch=100, every=30, clock=clock)
+    sent = []
+    for step in range(1, 101):  # one step a second through the first epoch
+        clock.now += 1
+        sent.append(heartbeat.beat(0, step))
+    assert [i + 1 for i, beat in enumerate(sent) if beat] == [1, 31, 61, 91]
+    assert len(api_server.requests) == 4
+    training = api_server.requests[1]["body"]["status"]["training"]
+    assert {k: v for k, v in training.items() if k != "updatedAt"} == {
+        "epoch": 0,
+        "epochs": 4,
+        "step": 31,
+        "stepsPerEpoch": 100,
+        "progressPercentage": 7,
+        "estimatedRemainingSeconds": 369,  # 369 steps left at 1 step/s
+    }
+    datetime.strptime(training["updatedAt"], "%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_an_epochs_report_puts_off_the_next_heartbeat(
+    api_server: FakeApiServer, token_file: Path
+) -> None:
+    clock = Clock()
+    reporter = StatusReporter(status_url(api_server.url, "team-a", "mnist"), token_file)
+    heartbeat = Heartbeat(reporter, epochs=2, steps_per_epoch=10, every=30, clock=clock)
+    assert heartbeat.beat(0, 1)
+    clock.now += 29
+    heartbeat.reported()
+    clock.now += 29
+    assert not heartbeat.beat(1, 1)
+    clock.now += 1
+    assert heartbeat.beat(1, 2)
+    assert heartbeat.position(2, 0)["progressPercentage"] == 100

@@ -3,10 +3,13 @@ resuming, and failing clearly."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
+from ddp_trainer.contract import EXIT_PEER_LOST
 from kube_ddp.local.plan import free_port
 from tests.trainer import support
 from tests.trainer.support import Run
@@ -192,3 +195,34 @@ def test_missing_data_is_a_clear_error(tmp_path: Path) -> None:
     assert "train-images-idx3-ubyte" in run.stderr
     assert "--download" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_hung_peer_ends_rank_0_with_the_lost_peer_exit_code(tmp_path: Path) -> None:
+    """Rank 1 stopped (SIGSTOP, as a hung rank) mid-training: rank 0's next collective times
+    out and the trainer exits with its own code, which the operator retries, not 1."""
+    port = str(free_port())
+    envs = [
+        support.clean_env(
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
+        for rank in range(2)
+    ]
+    args = ["--dataset", "synthetic", "--epochs", "500", "--timeout-seconds", "10"]
+    rank0, rank1 = (support.start(support.trainer_command(*args), env) for env in envs)
+    try:
+        assert rank0.stdout is not None
+        for line in rank0.stdout:  # the first epoch's line: the group trains
+            if line.startswith("{"):
+                break
+        os.kill(rank1.pid, signal.SIGSTOP)
+        run = support.finish(rank0)
+    finally:
+        rank1.kill()
+        rank1.wait()
+    assert run.returncode == EXIT_PEER_LOST, run.stderr[-2000:]
+    assert "a collective timed out or a peer went away" in run.stderr

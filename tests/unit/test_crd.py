@@ -90,6 +90,8 @@ def test_printer_columns_point_at_schema_fields() -> None:
         "Accelerator",
         "Epoch",
         "Val-Acc",
+        "Progress",
+        "ETA",
         "Restarts",
         "Age",
     ]

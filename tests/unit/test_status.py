@@ -180,6 +180,12 @@ RESTARTS = [
         "OOMKilled",
     ),
     RestartCase(
+        "a collective timed out: the trainer's lost-peer exit",
+        pod(1, "Failed", exit_code=88, reason="Error"),
+        88,
+        "Error",
+    ),
+    RestartCase(
         "pod GC after node loss",
         pod(1, "Failed", reason="DeletionByPodGC"),
         None,
@@ -298,6 +304,118 @@ def test_in_the_same_second_the_killed_rank_is_the_cause() -> None:
     assert decision.status.phase == "Restarting"
     assert decision.status.failure is not None
     assert (decision.status.failure.pod, decision.status.failure.exit_code) == ("bar-worker-1", 137)
+
+
+def test_in_the_same_second_a_program_error_comes_before_a_lost_peer() -> None:
+    """Rank 1's bug breaks rank 0's collective (its lost-peer exit, retryable): the bug
+    decides, so the job fails fast instead of retrying it."""
+    same_second = "2026-11-22T11:59:00Z"
+    peer = pod(0, "Failed", exit_code=88, finished_at=same_second)
+    bug = pod(1, "Failed", exit_code=1, finished_at=same_second)
+    decision = decide(job(running()), [peer, bug], NOW)
+    assert decision.status.phase == "Failed"
+    assert decision.status.failure is not None
+    assert (decision.status.failure.pod, decision.status.failure.exit_code) == ("bar-worker-1", 1)
+
+
+CREATED = "2026-11-22T11:50:00Z"  # the attempt's pods
+
+
+def report(seconds_ago: int, **fields: Any) -> dict[str, Any]:
+    """status.training as rank 0 reported it `seconds_ago`: in epoch 3, at step 14 of 57."""
+    at = NOW - timedelta(seconds=seconds_ago)
+    return {"epoch": 2, "epochs": 6, "step": 14, "stepsPerEpoch": 57, "updatedAt": at, **fields}
+
+
+@dataclass(frozen=True)
+class StallCase:
+    """runPolicy.progressDeadlineSeconds against rank 0's last report."""
+
+    id: str
+    training: dict[str, Any] | None
+    phase: str  # the job's phase after the decision
+    reason: str | None = None  # of the Restarting or Failed condition
+    requeue_after: float | None = None
+    run_policy: dict[str, Any] = field(default_factory=lambda: {"progressDeadlineSeconds": 60})
+    pods: tuple[PodView, ...] = (pod(0, created_at=CREATED), pod(1, created_at=CREATED))
+    restarts: int = 0
+
+
+STALLS = [
+    StallCase("no report yet: startup takes what it takes", None, "Running"),
+    StallCase("a fresh report: checked again at the deadline", report(20), "Running", None, 40),
+    StallCase(
+        "no progress past the deadline",
+        report(61),
+        "Restarting",
+        Reason.PROGRESS_DEADLINE_EXCEEDED,
+    ),
+    StallCase(
+        "an old attempt's report does not count",
+        report(600, updatedAt=datetime(2026, 11, 22, 11, 49, 59, tzinfo=UTC)),
+        "Running",
+    ),
+    StallCase(
+        "only while every worker runs",
+        report(600),
+        "Pending",
+        pods=(pod(0, created_at=CREATED), pod(1, "Pending", created_at=CREATED)),
+    ),
+    StallCase("no deadline, no rule", report(6000), "Running", run_policy={}),
+    StallCase(
+        "restartPolicy Never fails the job",
+        report(61),
+        "Failed",
+        Reason.PROGRESS_DEADLINE_EXCEEDED,
+        run_policy={"progressDeadlineSeconds": 60, "restartPolicy": "Never"},
+    ),
+    StallCase(
+        "counted against backoffLimit",
+        report(61),
+        "Failed",
+        Reason.BACKOFF_LIMIT_EXCEEDED,
+        run_policy={"progressDeadlineSeconds": 60, "backoffLimit": 1},
+        pods=(
+            pod(0, attempt=1, created_at=CREATED),
+            pod(1, attempt=1, created_at=CREATED),
+        ),
+        restarts=1,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", STALLS, ids=[case.id for case in STALLS])
+def test_progress_deadline(case: StallCase) -> None:
+    status = running(case.restarts, training=case.training)
+    decision = decide(job(status, runPolicy=case.run_policy), list(case.pods), NOW)
+    assert decision.status.phase == case.phase
+    assert decision.requeue_after == case.requeue_after
+    if case.reason is None:
+        assert decision.actions == ()
+        return
+    type_ = "Restarting" if case.phase == "Restarting" else "Failed"
+    assert condition(decision, type_) == ("True", case.reason)
+    assert [(e.type, e.reason) for e in decision.events] == [("Warning", case.reason)]
+    failure = decision.status.failure
+    assert failure is not None and failure.message is not None
+    assert (failure.pod, failure.reason) == ("bar-worker-0", "ProgressDeadlineExceeded")
+    assert failure.message == (
+        "rank 0 last reported progress at 2026-11-22T11:58:59Z (epoch 3, step 14 of 57), "
+        "more than progressDeadlineSeconds (60s) ago: a rank or a collective hung"
+    )
+    assert decision.actions == (delete(0, 1),)
+
+
+def test_a_group_restarted_for_no_progress_says_so() -> None:
+    status = running(training=report(61))
+    pods = [pod(0, created_at=CREATED), pod(1, created_at=CREATED)]
+    decision = decide(job(status, runPolicy={"progressDeadlineSeconds": 60}), pods, NOW)
+    restarting = next(c for c in decision.status.conditions if c.type == "Restarting")
+    assert restarting.message == (
+        "bar-worker-0 made no progress (rank 0 last reported progress at 2026-11-22T11:58:59Z "
+        "(epoch 3, step 14 of 57), more than progressDeadlineSeconds (60s) ago: a rank or a "
+        "collective hung); restarting the group (restart 1 of at most 3)"
+    )
 
 
 def test_restart_clears_the_old_attempt_before_creating_the_next() -> None:

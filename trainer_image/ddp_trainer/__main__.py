@@ -1,15 +1,19 @@
 """`python -m ddp_trainer` / `ddp-train`: parse the options, train, exit 0 / 1 / 2.
 
 Exit codes: 0 training completed (or reached --target-accuracy), 1 failed (a clear message for
-bad data, environment or checkpoints; a traceback only for bugs), 2 invalid options.
+bad data, environment or checkpoints; a traceback only for bugs), 2 invalid options, 88
+(`contract.EXIT_PEER_LOST`) a collective timed out or a peer went away, which the operator's
+default rules retry.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
-from ddp_trainer.errors import TrainerError
+from ddp_trainer.contract import EXIT_PEER_LOST
+from ddp_trainer.errors import TrainerError, is_peer_lost
 from ddp_trainer.options import parse_argv
 
 PROG = "ddp-train"
@@ -30,6 +34,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainerError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:
+        if not is_peer_lost(exc):
+            raise
+        print(
+            f"{PROG}: error: {exc}\n{PROG}: a collective timed out or a peer went away: "
+            f"exiting {EXIT_PEER_LOST} so that the group restarts",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        # Not sys.exit: gloo's threads abort the interpreter's shutdown (SIGABRT), which would
+        # hide this exit code.
+        os._exit(EXIT_PEER_LOST)
     return 0
 
 

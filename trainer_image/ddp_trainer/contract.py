@@ -58,3 +58,14 @@ RESERVED_ENV: Final = (
     JOB_NAMESPACE,
     ATTEMPT,
 )
+
+# --- silent failures: progress heartbeats and a lost peer ------------------------------------
+# Rank 0 reports its progress (status.training) at least this often while it trains, so that
+# runPolicy.progressDeadlineSeconds can tell a hung group from a slow epoch; a deadline must
+# span two heartbeats.
+HEARTBEAT_SECONDS: Final = 30
+HEARTBEAT_ENV: Final = "KUBEDDP_HEARTBEAT_SECONDS"  # a shorter heartbeat, for tests
+MIN_PROGRESS_DEADLINE_SECONDS: Final = 2 * HEARTBEAT_SECONDS
+# The trainer's exit code when a collective timed out or a peer went away (torch.distributed
+# raised, not the program): the operator's default rules restart the group for it.
+EXIT_PEER_LOST: Final = 88

@@ -63,9 +63,90 @@ def training_patch(
         "valAccuracy": _finite(val_accuracy, 6),
         "bestValAccuracy": _finite(best_val_accuracy, 6),
         "imagesPerSec": _finite(images_per_sec, 1),
-        "updatedAt": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "updatedAt": _stamp(now),
     }
     return {"status": {"training": training}}
+
+
+def position_fields(
+    *, epoch: int, epochs: int, step: int, steps_per_epoch: int, remaining_seconds: float | None
+) -> dict[str, Any]:
+    """Where training stands (`epoch` epochs done, `step` steps into the next), in Kubeflow
+    Trainer's words where it has them (progressPercentage, estimatedRemainingSeconds)."""
+    total = epochs * steps_per_epoch
+    done = epoch * steps_per_epoch + step
+    fields: dict[str, Any] = {
+        "epoch": epoch,
+        "epochs": epochs,
+        "step": step,
+        "stepsPerEpoch": steps_per_epoch,
+        "progressPercentage": min(100, done * 100 // total) if total else None,
+    }
+    if remaining_seconds is not None and math.isfinite(remaining_seconds):
+        fields["estimatedRemainingSeconds"] = max(0, round(remaining_seconds))
+    return fields
+
+
+class Heartbeat:
+    """Rank 0's progress within an epoch, sent at most once per `every` seconds: frequent
+    enough for runPolicy.progressDeadlineSeconds to tell a hung group from a long epoch, one
+    small PATCH per interval (2 a minute at the default 30 s)."""
+
+    def __init__(
+        self,
+        reporter: StatusReporter,
+        *,
+        epochs: int,
+        steps_per_epoch: int,
+        every: float = contract.HEARTBEAT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.reporter = reporter
+        self.epochs = epochs
+        self.steps_per_epoch = steps_per_epoch
+        self.every = every
+        self.clock = clock
+        self.started = clock()
+        self.last = -math.inf  # the first step reports: the deadline counts from there
+        self.first_step: int | None = None  # the global step this process started at
+
+    @classmethod
+    def every_from_env(cls, env: Mapping[str, str]) -> float:
+        value = env.get(contract.HEARTBEAT_ENV)
+        return float(value) if value else float(contract.HEARTBEAT_SECONDS)
+
+    def position(self, epoch: int, step: int) -> dict[str, Any]:
+        """The progress fields after `epoch` epochs and `step` steps of the next, with the
+        time left at this process's speed so far."""
+        done = epoch * self.steps_per_epoch + step
+        steps, seconds = done - (self.first_step or 0), self.clock() - self.started
+        left = self.epochs * self.steps_per_epoch - done
+        remaining = left * seconds / steps if steps > 0 else None
+        return position_fields(
+            epoch=epoch,
+            epochs=self.epochs,
+            step=step,
+            steps_per_epoch=self.steps_per_epoch,
+            remaining_seconds=remaining,
+        )
+
+    def beat(self, epoch: int, step: int) -> bool:
+        """Report `step` steps into the epoch after `epoch` if a heartbeat is due."""
+        if self.first_step is None:
+            self.first_step = epoch * self.steps_per_epoch + step - 1
+        if self.clock() - self.last < self.every:
+            return False
+        self.last = self.clock()
+        training = {**self.position(epoch, step), "updatedAt": _stamp(now_utc())}
+        return self.reporter.report({"status": {"training": training}})
+
+    def reported(self) -> None:
+        """An epoch's report went out: the next heartbeat is due an interval later."""
+        self.last = self.clock()
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _finite(value: float, digits: int) -> float | None:

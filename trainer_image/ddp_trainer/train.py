@@ -44,7 +44,7 @@ from ddp_trainer.fault_injection import crash_once_if_asked
 from ddp_trainer.models import build_model
 from ddp_trainer.options import TrainerOptions
 from ddp_trainer.progress import EpochMetrics, ProgressBar, Summary, epoch_line, write_summary
-from ddp_trainer.report import StatusReporter, now_utc, training_patch
+from ddp_trainer.report import Heartbeat, StatusReporter, now_utc, training_patch
 
 log = logging.getLogger("ddp_trainer")
 
@@ -127,6 +127,7 @@ class Recipe:
     mark_step: Callable[[], None]  # Gaudi's lazy-mode step boundary; a no-op elsewhere
     steps_per_epoch: int
     reporter: StatusReporter | None
+    heartbeat: Heartbeat | None  # rank 0's progress within an epoch
     bar: ProgressBar
 
     def __init__(self, options: TrainerOptions) -> None:
@@ -179,6 +180,14 @@ class Recipe:
         self.reporter = None
         if self.world.is_main and options.report_progress:
             self.reporter = StatusReporter.from_env(os.environ)
+        self.heartbeat = None
+        if self.reporter is not None:
+            self.heartbeat = Heartbeat(
+                self.reporter,
+                epochs=options.epochs,
+                steps_per_epoch=self.steps_per_epoch,
+                every=Heartbeat.every_from_env(os.environ),
+            )
         self.bar = ProgressBar(enabled=self.world.is_main)
 
     def _setup_data(self) -> Splits:
@@ -379,6 +388,8 @@ class Recipe:
             loss_sum += loss.detach().float() * len(labels)  # stays on the device: no sync
             seen += len(labels)
             self.bar.update(epoch, self.options.epochs, step + 1, self.steps_per_epoch, started)
+            if self.heartbeat is not None:
+                self.heartbeat.beat(epoch - 1, step + 1)
         return loss_sum, seen
 
     @torch.no_grad()
@@ -459,6 +470,9 @@ class Recipe:
             images_per_sec=metrics.images_per_sec,
             now=now_utc(),
         )
+        if self.heartbeat is not None:
+            patch["status"]["training"].update(self.heartbeat.position(metrics.epoch, 0))
+            self.heartbeat.reported()
         self.reporter.report(patch, final=self.finished())
 
     def finish(self) -> Summary:

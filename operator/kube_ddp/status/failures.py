@@ -46,6 +46,7 @@ class WorkerFailure:
     exit_code: int | None = None  # None: the pod was lost, not the program ended
     finished_at: str | None = None  # None: not known (vanished, still going away)
     launcher: bool = False  # launcher mpi: mpirun's pod, not a worker
+    hung: bool = False  # runs, but made no progress for progressDeadlineSeconds
 
     @property
     def lost_or_killed(self) -> bool:
@@ -57,23 +58,34 @@ class WorkerFailure:
         )
 
     @property
-    def cause_first(self) -> tuple[bool, str, bool, bool, int]:
+    def peer_lost(self) -> bool:
+        """The trainer's own exit when a collective timed out or a peer went away: what
+        happened to another rank, not this one's program."""
+        return self.exit_code == names.EXIT_PEER_LOST
+
+    @property
+    def cause_first(self) -> tuple[bool, str, bool, bool, bool, int]:
         """The sort key that puts the failure that caused the others first: the earliest, one
         without a finish time after all timed ones. Finish times have a resolution of one
         second; within the same second, a rank killed or lost comes first (its peers' errors,
-        their collectives broken, follow from it), and a worker before mpirun, which only
-        reports what happened to a rank."""
+        their collectives broken, follow from it), a rank that saw its peer go last, and a
+        worker before mpirun, which only reports what happened to a rank."""
         timed = self.finished_at is not None
         return (
             not timed,
             self.finished_at or "",
             not self.lost_or_killed,
+            self.peer_lost,
             self.launcher,
             self.index,
         )
 
     def describe(self) -> str:
+        if self.hung:
+            return f"{self.pod} made no progress ({self.message})"
         what = f"exited with code {self.exit_code}" if self.exit_code is not None else "was lost"
+        if self.peer_lost:
+            what += " (a collective timed out or a peer went away)"
         detail = f" ({self.reason}{': ' + self.message if self.message else ''})"
         return f"{self.pod} {what}{detail}"
 
@@ -111,8 +123,10 @@ def is_retryable(job: DDPTrainingJob, failure: WorkerFailure) -> bool:
         return True  # evicted, deleted, node lost: nothing wrong with the program
     if failure.reason in LOST_REASONS or failure.reason == OOM_KILLED:
         return True
-    return failure.exit_code >= RETRYABLE_EXIT_CODE or (
-        failure.exit_code in policy.retryable_exit_codes
+    return (
+        failure.exit_code >= RETRYABLE_EXIT_CODE
+        or failure.peer_lost
+        or failure.exit_code in policy.retryable_exit_codes
     )
 
 
@@ -122,6 +136,8 @@ def fail_or_restart(
     """Restart the group if the first failure is retryable and restarts are left; else Failed."""
     first = failures[0]
     failed = Reason.LAUNCHER_FAILED if first.launcher else Reason.WORKER_FAILED
+    if first.hung:
+        failed = Reason.PROGRESS_DEADLINE_EXCEEDED
     failure = Failure(
         pod=first.pod, exit_code=first.exit_code, reason=first.reason, message=first.message
     )

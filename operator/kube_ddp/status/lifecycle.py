@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
 from kube_ddp import gang
@@ -114,6 +114,38 @@ def deadline_exceeded(draft: Draft, job: DDPTrainingJob) -> str | None:
         draft.requeue(left)
         return None
     return f"The job ran longer than activeDeadlineSeconds ({deadline}s)"
+
+
+def progress_stalled(
+    draft: Draft, job: DDPTrainingJob, workers: Mapping[int, PodView]
+) -> str | None:
+    """Why the running group must restart: rank 0's last progress report (status.training) is
+    older than progressDeadlineSeconds; else None, and a requeue for when it would be.
+
+    A report from before the newest worker was created belongs to an earlier attempt (or to
+    before a suspension): the deadline waits for this attempt's first report, so startup, data
+    download and compilation take what they take."""
+    deadline = job.spec.run_policy.progress_deadline_seconds
+    training = draft.status.training
+    if deadline is None or training is None or training.updated_at is None:
+        return None
+    created = [datetime.fromisoformat(p.created_at) for p in workers.values() if p.created_at]
+    if not created or training.updated_at < max(created):
+        return None
+    left = (training.updated_at + timedelta(seconds=deadline) - draft.now).total_seconds()
+    if left > 0:
+        draft.requeue(left)
+        return None
+    if training.step is not None and training.epoch is not None:
+        where = f"epoch {training.epoch + 1}, step {training.step}"
+        where += f" of {training.steps_per_epoch}" if training.steps_per_epoch else ""
+    else:
+        where = f"after epoch {training.epoch or 0}"
+    last = training.updated_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (
+        f"rank 0 last reported progress at {last} ({where}), more than "
+        f"progressDeadlineSeconds ({deadline}s) ago: a rank or a collective hung"
+    )
 
 
 def finish(

@@ -19,6 +19,7 @@ from kube_ddp.status.lifecycle import (
     deadline_exceeded,
     finish,
     progress,
+    progress_stalled,
     suspend,
 )
 from kube_ddp.status.views import PodView
@@ -82,7 +83,21 @@ def decide_torchrun(
         nodes = job.spec.nodes
         running = sum(p.phase in ("Running", "Succeeded") for p in current.values())
         up = f"All {nodes} workers are running" if running == nodes else None
+        if up is not None and (stalled := progress_stalled(draft, job, current)) is not None:
+            fail_or_restart(draft, job, [_hung(job, stalled)], Pods(observed))
+            return
         progress(draft, job, current, running=running, up=up, reason=Reason.WORKERS_RUNNING)
+
+
+def _hung(job: DDPTrainingJob, message: str) -> WorkerFailure:
+    """The group's failure when rank 0, the one that reports, stopped making progress."""
+    return WorkerFailure(
+        pod=names.worker_name(job.name, 0),
+        index=0,
+        reason=Reason.PROGRESS_DEADLINE_EXCEEDED,
+        message=message,
+        hung=True,
+    )
 
 
 def _index_of(job: DDPTrainingJob, pod_name: str) -> int | None:
