@@ -60,6 +60,7 @@ LAUNCHERS = Need(
         "slurmctld": "slurm-wlm",
         "slurmd": "slurm-wlm",
         "srun": "slurm-client",
+        "sinfo": "slurm-client",
     },
 )
 # The real node's pods run the host's /usr (tests/e2e/platform.py): mpirun, ssh and sshd too.
@@ -83,6 +84,7 @@ BASE = frozenset(
         "go",
         "ip",
         "kill",
+        "ldconfig",  # ctypes.util.find_library runs it (libc-bin)
         "make",
         "mkdir",
         "mount",

@@ -36,14 +36,16 @@ OPERATOR_NAMESPACE = "kubeflow"
 WEBHOOK_SECRET = "training-operator-webhook-cert"
 CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"  # hard-coded in its pkg/cert
 # Started in a new mount namespace: /tmp is a fresh tmpfs there, holding only the cert and the
-# kubeconfig ($0 is the cert directory, $1 the kubeconfig). Both are read before the tmpfs
-# hides them: a clone, or pytest's scratch directory, may well live under /tmp.
+# kubeconfig ($0 is the cert directory, $1 the kubeconfig, $2 the binary). All three are opened
+# before the tmpfs hides them: a clone, the binary cache or pytest's scratch directory may well
+# live under /tmp. The binary is run through its open descriptor (/proc/self/fd/3).
 PRIVATE_KUBECONFIG = "/tmp/kubeconfig"
 IN_PRIVATE_TMP = (
     'crt=$(cat "$0"/tls.crt) && key=$(cat "$0"/tls.key) && config=$(cat "$1") && shift && '
+    'exec 3<"$1" && shift && '
     'mount -t tmpfs tmpfs /tmp && mkdir -p "$CERT_DIR" && '
     'printf "%s\\n" "$crt" > "$CERT_DIR"/tls.crt && printf "%s\\n" "$key" > "$CERT_DIR"/tls.key && '
-    f'printf "%s\\n" "$config" > {PRIVATE_KUBECONFIG} && exec "$@"'
+    f'printf "%s\\n" "$config" > {PRIVATE_KUBECONFIG} && exec /proc/self/fd/3 "$@"'
 )
 
 
