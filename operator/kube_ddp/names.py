@@ -40,6 +40,9 @@ MPI_LABEL_REPLICA_INDEX: Final = "training.kubeflow.org/replica-index"
 MPI_LAUNCHER: Final = "launcher"
 MPI_WORKER: Final = "worker"
 
+# The trainer's exit code for a failure a later attempt may not meet (a download): retried.
+TEMPORARY_FAILURE_EXIT_CODE: Final = contract.EXIT_TEMPORARY
+
 # The env contract: set by the operator on every worker, refused in a spec's own env.
 RESERVED_ENV: Final = contract.RESERVED_ENV
 

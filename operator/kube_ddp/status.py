@@ -702,8 +702,10 @@ def is_retryable(job: DDPTrainingJob, failure: _WorkerFailure) -> bool:
         return True  # evicted, deleted, node lost: nothing wrong with the program
     if failure.reason in LOST_REASONS or failure.reason == OOM_KILLED:
         return True
-    return failure.exit_code >= RETRYABLE_EXIT_CODE or (
-        failure.exit_code in policy.retryable_exit_codes
+    return (
+        failure.exit_code >= RETRYABLE_EXIT_CODE
+        or failure.exit_code == names.TEMPORARY_FAILURE_EXIT_CODE
+        or failure.exit_code in policy.retryable_exit_codes
     )
 
 
@@ -748,8 +750,8 @@ def _fail_or_restart(
     else:
         reason = Reason.NON_RETRYABLE_EXIT_CODE
         message = (
-            f"{first.describe()}; exit code {first.exit_code} is not retryable (codes >= 128 "
-            "and runPolicy.retryableExitCodes are)"
+            f"{first.describe()}; exit code {first.exit_code} is not retryable (codes >= 128, "
+            f"{names.TEMPORARY_FAILURE_EXIT_CODE} and runPolicy.retryableExitCodes are)"
         )
     _finish(draft, job, pods, "Failed", reason, message, mpijob)
 

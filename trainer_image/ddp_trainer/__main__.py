@@ -1,7 +1,9 @@
 """`python -m ddp_trainer` / `ddp-train`: parse the options, train, exit 0 / 1 / 2.
 
-Exit codes: 0 training completed (or reached --target-accuracy), 1 failed (a clear message for
-bad data, environment or checkpoints; a traceback only for bugs), 2 invalid options.
+Exit codes (`ddp_trainer.contract`, read by the operator's failure rules): 0 training
+completed (or reached --target-accuracy), 1 bad data, model or checkpoint, 2 invalid options,
+75 a download failed (retried), 78 a path cannot be used (permissions, full disk, missing: fix
+the job's volumes). Each is one line naming what and how to fix it; a traceback only for bugs.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from ddp_trainer.errors import TrainerError
+from ddp_trainer.errors import TrainerError, storage_error
 from ddp_trainer.options import parse_argv
 
 PROG = "ddp-train"
@@ -29,7 +31,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         record(run)(options)
     except TrainerError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
+    except OSError as exc:
+        if exc.filename is None:
+            raise  # not about a path: a bug, shown with its traceback
+        error = storage_error(exc)
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return error.exit_code
     return 0
 
 
