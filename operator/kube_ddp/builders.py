@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from ddp_trainer import contract
-from ddp_trainer.options import to_argv
+from ddp_trainer.options import TrainerOptions, to_argv
 from kube_ddp import gang, names
 from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, MPIOptions
 
@@ -181,6 +181,43 @@ def _mounts_shm(spec: DDPTrainingJobSpec) -> bool:
     return any(m.get("mountPath") == "/dev/shm" for m in spec.template.volume_mounts)
 
 
+# The trainer's directories that get an emptyDir when no volume holds them, by volume name.
+WRITABLE_DIRS = {"ddp-data": "data_dir", "ddp-checkpoints": "checkpoint_dir"}
+
+
+def _under(path: str, mount: str) -> bool:
+    mount = mount.rstrip("/") or "/"
+    return path == mount or path.startswith(mount if mount == "/" else mount + "/")
+
+
+def writable_dirs(spec: DDPTrainingJobSpec) -> dict[str, str]:
+    """The built-in trainer's absolute dataDir and checkpointDir that no volume of the
+    template holds, by the name of the emptyDir they get: the image's user (uid 10001) can
+    write nowhere else outside its home. Relative paths are under the image's home."""
+    if spec.command is not None:
+        return {}
+    options = spec.trainer or TrainerOptions()
+    mounted = [m.get("mountPath", "") for m in spec.template.volume_mounts]
+    found: dict[str, str] = {}
+    for volume, option in WRITABLE_DIRS.items():
+        path = getattr(options, option)
+        if not path or not path.startswith("/"):
+            continue
+        if not any(_under(path, m) for m in [*mounted, *found.values()]):
+            found[volume] = path
+    return found
+
+
+def pod_security_context(spec: DDPTrainingJobSpec) -> Obj:
+    """The template's security context, with fsGroup defaulting to the trainer image's group
+    (and ownership changed only when a volume's root does not match it yet)."""
+    context = dict(spec.template.security_context or {})
+    if "fsGroup" not in context:
+        context["fsGroup"] = names.TRAINER_IMAGE_GID
+        context.setdefault("fsGroupChangePolicy", "OnRootMismatch")
+    return context
+
+
 def _container(
     job: DDPTrainingJob,
     *,
@@ -205,6 +242,7 @@ def _container(
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     mounts = list(spec.template.volume_mounts)
+    mounts += [{"name": v, "mountPath": path} for v, path in writable_dirs(spec).items()]
     if not _mounts_shm(spec):
         # DataLoader workers and NCCL/HCCL share tensors through /dev/shm; 64Mi is too small.
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
@@ -219,6 +257,7 @@ def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
     spec = job.spec
     template = spec.template
     volumes = list(template.volumes)
+    volumes += [{"name": v, "emptyDir": {}} for v in writable_dirs(spec)]
     if not _mounts_shm(spec):
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
     tolerations = list(template.tolerations)
@@ -243,7 +282,7 @@ def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
         "schedulerName": template.scheduler_name,
         # The user's account wins; the reporter then needs that account to have the rights.
         "serviceAccountName": template.service_account_name or reporter_account(job),
-        "securityContext": template.security_context,
+        "securityContext": pod_security_context(spec),
     }
     pod.update({key: value for key, value in optional.items() if value is not None})
     return pod
@@ -449,7 +488,7 @@ def _launcher_pod_spec(job: DDPTrainingJob, launcher: Obj) -> Obj:
     pod["tolerations"] = [t for t in pod.get("tolerations", []) if t.get("key") != device]
     if not pod["tolerations"]:
         del pod["tolerations"]
-    left_out = {SHM_VOLUME} | {
+    left_out = {SHM_VOLUME, *writable_dirs(job.spec)} | {
         v["name"] for v in job.spec.template.volumes if "persistentVolumeClaim" in v
     }
     pod["volumes"] = [v for v in pod["volumes"] if v["name"] not in left_out]

@@ -27,6 +27,7 @@ LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
 OWNED_LABELS: Final = (LABEL_MANAGED_BY, LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LABEL_ATTEMPT)
 
 DEFAULT_TRAINER_IMAGE: Final = "ghcr.io/kube-ddp/ddp-trainer:0.1.0"
+TRAINER_IMAGE_GID: Final = contract.IMAGE_GID
 TRAINER_CONTAINER: Final = "trainer"
 
 # The Kubeflow MPI Operator's job kind, which `launcher: mpi` creates.

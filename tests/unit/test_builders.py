@@ -277,9 +277,58 @@ def test_template_is_merged_and_operator_fields_are_kept() -> None:
     assert spec["priorityClassName"] == "high"
     assert spec["schedulerName"] == "volcano"
     assert spec["serviceAccountName"] == "trainer"
-    assert spec["securityContext"] == {"runAsUser": 1000}
+    assert spec["securityContext"] == {
+        "runAsUser": 1000,
+        "fsGroup": names.TRAINER_IMAGE_GID,
+        "fsGroupChangePolicy": "OnRootMismatch",
+    }
     assert spec["hostname"] == "bar-worker-0"
     assert spec["restartPolicy"] == "Never"
+
+
+def _mounts(pod: dict[str, Any]) -> dict[str, str]:
+    return {m["mountPath"]: m["name"] for m in container_of(pod)["volumeMounts"]}
+
+
+def test_trainer_dirs_without_a_volume_get_an_emptydir_the_image_user_can_write() -> None:
+    trainer = {"dataset": "mnist", "dataDir": "/data", "checkpointDir": "/ckpt"}
+    pod = worker({"nodes": 2, "trainer": trainer})
+    assert _mounts(pod) == {"/data": "ddp-data", "/ckpt": "ddp-checkpoints", "/dev/shm": "dshm"}
+    empty = {v["name"] for v in pod["spec"]["volumes"] if v.get("emptyDir") == {}}
+    assert empty == {"ddp-data", "ddp-checkpoints"}
+    assert pod["spec"]["securityContext"]["fsGroup"] == 10001
+
+
+@pytest.mark.parametrize(
+    ("trainer", "mounted", "expected"),
+    [
+        ({"dataDir": "/data/cifar", "checkpointDir": "/data/ckpt"}, "/data", set()),
+        ({"dataDir": "/data", "checkpointDir": "/data/ckpt"}, "/other", {"/data"}),
+        ({"dataDir": "./data"}, "/other", set()),  # under the image's home
+        ({"dataDir": "/data", "checkpointDir": "/ckpt"}, "/", set()),
+    ],
+)
+def test_a_volume_that_holds_a_dir_is_used_as_is(
+    trainer: dict[str, str], mounted: str, expected: set[str]
+) -> None:
+    template = {
+        "volumes": [{"name": "mine", "persistentVolumeClaim": {"claimName": "c"}}],
+        "volumeMounts": [{"name": "mine", "mountPath": mounted}],
+    }
+    pod = worker({"nodes": 1, "trainer": trainer, "template": template})
+    added = {path for path, name in _mounts(pod).items() if name.startswith("ddp-")}
+    assert added == expected
+
+
+def test_own_command_gets_no_emptydir_and_own_fsgroup_is_kept() -> None:
+    spec = {
+        "nodes": 1,
+        "command": ["python", "train.py"],
+        "template": {"securityContext": {"fsGroup": 2000}},
+    }
+    pod = worker(spec)
+    assert set(_mounts(pod)) == {"/dev/shm"}
+    assert pod["spec"]["securityContext"] == {"fsGroup": 2000}
 
 
 def test_own_dev_shm_mount_replaces_ours() -> None:
@@ -522,7 +571,7 @@ def test_the_mpi_launcher_gets_the_templates_placement_but_not_the_data() -> Non
     obj = mpijob({**GAUDI_2X8, "template": template})
     launcher = obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
     assert launcher["nodeSelector"] == {"pool": "gaudi"}
-    assert launcher["securityContext"] == {"runAsUser": 0}
+    assert launcher["securityContext"]["runAsUser"] == 0
     assert [v["name"] for v in launcher["volumes"]] == ["tools"]
     (container,) = launcher["containers"]
     assert container["volumeMounts"] == [{"name": "tools", "mountPath": "/opt/tools"}]
@@ -530,3 +579,14 @@ def test_the_mpi_launcher_gets_the_templates_placement_but_not_the_data() -> Non
     assert "hostIPC" not in launcher and "tolerations" not in launcher
     worker_pod = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     assert {v["name"] for v in worker_pod["volumes"]} == {"data", "tools", "dshm"}
+
+
+def test_the_mpi_workers_get_the_writable_dirs_and_the_launcher_does_not() -> None:
+    obj = mpijob({**GAUDI_2X8, "trainer": {"dataset": "cifar10", "dataDir": "/data"}})
+    replicas = obj["spec"]["mpiReplicaSpecs"]
+    worker_pod = replicas["Worker"]["template"]["spec"]
+    launcher = replicas["Launcher"]["template"]["spec"]
+    assert "ddp-data" in {v["name"] for v in worker_pod["volumes"]}
+    assert {"name": "ddp-data", "mountPath": "/data"} in worker_pod["containers"][0]["volumeMounts"]
+    assert launcher["volumes"] == []
+    assert "volumeMounts" not in launcher["containers"][0]

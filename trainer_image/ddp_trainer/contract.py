@@ -18,6 +18,10 @@ API_PLURAL: Final = "ddptrainingjobs"
 # --- how a worker runs the trainer ----------------------------------------------------------
 TRAINER_MODULE: Final = "ddp_trainer"  # python -m ddp_trainer
 TRAINER_COMMAND: Final = ("python", "-m", TRAINER_MODULE)
+# The user and group the trainer image runs as (trainer_image/Dockerfile's USER): the
+# operator gives worker pods this fsGroup, so volumes are writable by it.
+IMAGE_UID: Final = 10001
+IMAGE_GID: Final = 10001
 # Its exit codes besides 0 (ddp_trainer.errors): the operator restarts the group for
 # EXIT_TEMPORARY (sysexits' EX_TEMPFAIL) and fails the job for the others.
 EXIT_FAILED: Final = 1  # the data, model or checkpoint is wrong

@@ -45,8 +45,8 @@ def _who() -> str:
 
 _FIXES = {
     errno.EACCES: "permission denied for {who}: mount a volume there the user can write "
-    "(kube-ddp gives a dataDir or checkpointDir without a volume an emptyDir, and the pod "
-    "fsGroup 10001) or choose a writable path",
+    f"(kube-ddp gives a dataDir or checkpointDir without a volume an emptyDir, and the pod "
+    f"fsGroup {contract.IMAGE_GID}) or choose a writable path",
     errno.EROFS: "read-only file system: mount a writable volume there or choose another path",
     errno.ENOSPC: "no space left on the device: give the volume more space (an emptyDir's "
     "sizeLimit, a larger PersistentVolumeClaim), keep fewer checkpoints (keepCheckpoints) "
