@@ -191,6 +191,13 @@ def test_reporter_may_only_touch_its_own_jobs_status() -> None:
     assert {p["spec"]["serviceAccountName"] for p in pods} == {"bar-trainer"}
 
 
+def test_the_users_service_account_keeps_the_reporters_rights() -> None:
+    job = make_job(**GPU_2X8, template={"serviceAccountName": "mine"})
+    _, account, _, binding, *pods = build_children(job, settings=SETTINGS)
+    assert [s["name"] for s in binding["subjects"]] == [account["metadata"]["name"], "mine"]
+    assert {p["spec"]["serviceAccountName"] for p in pods} == {"mine"}
+
+
 def test_service_is_headless_and_selects_the_job() -> None:
     children = build_children(make_job(**GPU_2X8), settings=SETTINGS)
     service = children[0]
@@ -371,13 +378,53 @@ def test_own_command_keeps_the_contract_and_user_env_follows_it() -> None:
         ],
     }
     container = container_of(worker(spec))
-    assert container["command"] == ["python", "/app/train.py"]
+    assert container["command"] == [
+        "torchrun",
+        "--nnodes=2",
+        "--nproc-per-node=8",
+        "--node-rank=$(NODE_RANK)",
+        "--master-addr=$(MASTER_ADDR)",
+        "--master-port=$(MASTER_PORT)",
+        "--no-python",
+        "python",
+        "/app/train.py",
+    ]
     assert container["args"] == ["--lr", "0.1"]
     assert container["image"] == "me/train:2"
     assert container["imagePullPolicy"] == "Always"
     env_names = [e["name"] for e in container["env"]]
     assert env_names[-2:] == ["NCCL_DEBUG", "URL"]
     assert env_of(container)["WORLD_SIZE"] == "16"
+
+
+def test_own_command_with_one_process_a_pod_runs_as_the_rank_itself() -> None:
+    container = container_of(worker({"nodes": 2, "command": ["python", "train.py"]}))
+    assert container["command"] == ["python", "train.py"]
+    assert (env_of(container)["RANK"], env_of(container)["LOCAL_RANK"]) == ("0", "0")
+
+
+def test_own_command_under_elastic_gets_torchrun_with_a_rendezvous() -> None:
+    spec = {"nodes": 2, "elastic": {"minNodes": 1, "maxNodes": 2}, "command": ["./train"]}
+    command = container_of(worker(spec))["command"]
+    assert command[0] == "torchrun" and "--rdzv-backend=c10d" in command
+    assert command[-2:] == ["--no-python", "./train"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["torchrun", "--nproc-per-node=2", "train.py"],
+        ["/opt/conda/bin/torchrun", "train.py"],
+        ["python", "-m", "torch.distributed.run", "train.py"],
+        ["python3", "-u", "-m", "torch.distributed.launch", "train.py"],
+        ["mpirun", "-np", "4", "python", "train.py"],
+        ["bash", "-c", "pip install -e . && torchrun --nproc-per-node=2 train.py"],
+    ],
+)
+def test_a_command_that_starts_its_own_launcher_is_left_alone(command: list[str]) -> None:
+    container = container_of(worker({"nodes": 2, "nprocPerNode": 2, "command": command}))
+    assert container["command"] == command
+    assert "RANK" not in env_of(container)
 
 
 def test_default_image_comes_from_the_settings() -> None:
@@ -590,3 +637,58 @@ def test_the_mpi_workers_get_the_writable_dirs_and_the_launcher_does_not() -> No
     assert {"name": "ddp-data", "mountPath": "/data"} in worker_pod["containers"][0]["volumeMounts"]
     assert launcher["volumes"] == []
     assert "volumeMounts" not in launcher["containers"][0]
+
+
+def test_the_pod_template_fields_users_know_reach_the_worker() -> None:
+    sidecar = {"name": "proxy", "image": "envoy", "restartPolicy": "Always"}
+    template = {
+        "imagePullSecrets": [{"name": "registry"}],
+        "initContainers": [{"name": "fetch", "image": "busybox"}, sidecar],
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+        ],
+        "runtimeClassName": "nvidia",
+        "terminationGracePeriodSeconds": 60,
+        "hostAliases": [{"ip": "10.0.0.1", "hostnames": ["store"]}],
+        "container": {
+            "envFrom": [{"secretRef": {"name": "wandb"}}],
+            "securityContext": {"readOnlyRootFilesystem": True},
+            "workingDir": "/app",
+            "readinessProbe": {"exec": {"command": ["true"]}},
+        },
+    }
+    pod = worker({"nodes": 2, "template": template})
+    spec, container = pod["spec"], container_of(pod)
+    assert spec["imagePullSecrets"] == [{"name": "registry"}]
+    assert [c["name"] for c in spec["initContainers"]] == ["fetch", "proxy"]
+    assert spec["topologySpreadConstraints"][0]["topologyKey"] == "zone"
+    assert (spec["runtimeClassName"], spec["terminationGracePeriodSeconds"]) == ("nvidia", 60)
+    assert spec["hostAliases"][0]["hostnames"] == ["store"]
+    assert container["envFrom"] == [{"secretRef": {"name": "wandb"}}]
+    assert container["securityContext"] == {"readOnlyRootFilesystem": True}
+    assert container["workingDir"] == "/app"
+    assert container["readinessProbe"] == {"exec": {"command": ["true"]}}
+
+
+def test_gaudi_adds_sys_nice_to_the_users_container_security_context() -> None:
+    context = {"runAsNonRoot": True, "capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]}}
+    pod = worker({**GAUDI_2X8, "template": {"container": {"securityContext": context}}})
+    assert container_of(pod)["securityContext"] == {
+        "runAsNonRoot": True,
+        "capabilities": {"add": ["IPC_LOCK", "SYS_NICE"], "drop": ["ALL"]},
+    }
+
+
+def test_the_mpi_launcher_gets_pull_secrets_and_container_settings_but_no_init() -> None:
+    template = {
+        "imagePullSecrets": [{"name": "registry"}],
+        "initContainers": [{"name": "fetch", "image": "busybox"}],
+        "container": {"envFrom": [{"configMapRef": {"name": "c"}}], "livenessProbe": {}},
+    }
+    obj = mpijob({**GAUDI_2X8, "template": template})
+    launcher = obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    worker_pod = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert launcher["imagePullSecrets"] == [{"name": "registry"}]
+    assert "initContainers" not in launcher and worker_pod["initContainers"]
+    assert launcher["containers"][0]["envFrom"] == [{"configMapRef": {"name": "c"}}]
+    assert "livenessProbe" not in launcher["containers"][0]
