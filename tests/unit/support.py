@@ -10,7 +10,12 @@ import kubernetes_validate
 from kube_ddp.api import DDPTrainingJob, load_job
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
+# Every example job (kueue/ holds the queues, not a job).
+EXAMPLES = sorted(
+    path
+    for path in (REPO / "manifests" / "examples").rglob("*.yaml")
+    if path.parent.name != "kueue"
+)
 # The Kubernetes version whose schemas the rendered objects are checked against.
 KUBERNETES_VERSION = "1.36.0"
 
