@@ -6,6 +6,7 @@ exactly what `build_children` returns.
 
 from __future__ import annotations
 
+import itertools
 import math
 import shlex
 from collections.abc import Iterable, Mapping
@@ -169,7 +170,7 @@ def starts_a_launcher(command: list[str]) -> bool:
     if program.startswith("python"):
         return any(
             flag == "-m" and module in LAUNCHER_MODULES
-            for flag, module in zip(command, command[1:], strict=False)
+            for flag, module in itertools.pairwise(command)
         )
     if program in SHELLS and "-c" in command:
         script = " ".join(command[command.index("-c") + 1 :])

@@ -171,6 +171,40 @@ def test_trainer_reports_progress_with_the_jobs_own_account(
     assert jobs.wait_phase("mine", "Succeeded")["training"]["epoch"] == 3
 
 
+def test_the_users_service_account_keeps_the_reporters_rights(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """template.serviceAccountName: the workers run as the user's account, and rank 0's
+    report through that account's token is still allowed (the job's RoleBinding names it)."""
+    cluster.core.create_namespaced_service_account(jobs.namespace, {"metadata": {"name": "mine"}})
+    jobs.create(job_manifest("own-account", **CPU_2, template={"serviceAccountName": "mine"}))
+    pods = jobs.wait_pods("own-account", 2)
+    assert {p.spec.service_account_name for p in pods} == {"mine"}
+    token_file = tmp_path / "token"
+    token_file.write_text(service_account_token(cluster, jobs.namespace, "mine"))
+    reporter = StatusReporter.from_env(
+        {
+            "KUBEDDP_JOB_NAME": "own-account",
+            "KUBEDDP_JOB_NAMESPACE": jobs.namespace,
+            "KUBEDDP_API_SERVER": cluster.server,
+            "KUBEDDP_TOKEN_FILE": str(token_file),
+            "KUBEDDP_CA_FILE": str(cluster.ca_file),
+        }
+    )
+    assert reporter is not None
+    patch = training_patch(
+        epoch=1,
+        epochs=2,
+        loss=0.5,
+        val_accuracy=0.5,
+        best_val_accuracy=0.5,
+        images_per_sec=1.0,
+        now=datetime.now(UTC),
+    )
+    assert reporter.report(patch) is True
+    assert jobs.status("own-account")["training"]["epoch"] == 1
+
+
 def scrape(port: int, path: str) -> tuple[int, str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
         return response.status, response.read().decode()
