@@ -109,6 +109,32 @@ def service_account_token(cluster: Cluster, namespace: str, account: str) -> str
     return str(response.status.token)
 
 
+def reporter_env(
+    cluster: Cluster, jobs: Jobs, job: str, account: str, token_file: Path
+) -> dict[str, str]:
+    """What rank 0 of `job` reads to report, with a token of `account`."""
+    token_file.write_text(service_account_token(cluster, jobs.namespace, account))
+    return {
+        "KUBEDDP_JOB_NAME": job,
+        "KUBEDDP_JOB_NAMESPACE": jobs.namespace,
+        "KUBEDDP_API_SERVER": cluster.server,
+        "KUBEDDP_TOKEN_FILE": str(token_file),
+        "KUBEDDP_CA_FILE": str(cluster.ca_file),
+    }
+
+
+def epoch_3_report() -> dict[str, Any]:
+    return training_patch(
+        epoch=3,
+        epochs=10,
+        loss=0.25,
+        val_accuracy=0.9,
+        best_val_accuracy=0.91,
+        images_per_sec=1234.5,
+        now=datetime.now(UTC),
+    )
+
+
 def test_trainer_reports_progress_with_the_jobs_own_account(
     cluster: Cluster, jobs: Jobs, operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -118,25 +144,10 @@ def test_trainer_reports_progress_with_the_jobs_own_account(
     account = pods[0].spec.service_account_name
     assert account == "mine-trainer"
     token_file = tmp_path / "token"
-    token_file.write_text(service_account_token(cluster, jobs.namespace, account))
-    env = {
-        "KUBEDDP_JOB_NAME": "mine",
-        "KUBEDDP_JOB_NAMESPACE": jobs.namespace,
-        "KUBEDDP_API_SERVER": cluster.server,
-        "KUBEDDP_TOKEN_FILE": str(token_file),
-        "KUBEDDP_CA_FILE": str(cluster.ca_file),
-    }
+    env = reporter_env(cluster, jobs, "mine", account, token_file)
     reporter = StatusReporter.from_env(env)
     assert reporter is not None
-    patch = training_patch(
-        epoch=3,
-        epochs=10,
-        loss=0.25,
-        val_accuracy=0.9,
-        best_val_accuracy=0.91,
-        images_per_sec=1234.5,
-        now=datetime.now(UTC),
-    )
+    patch = epoch_3_report()
     assert reporter.report(patch) is True
     training = jobs.status("mine")["training"]
     assert (training["epoch"], training["valAccuracy"], training["imagesPerSec"]) == (
@@ -180,29 +191,11 @@ def test_the_users_service_account_keeps_the_reporters_rights(
     jobs.create(job_manifest("own-account", **CPU_2, template={"serviceAccountName": "mine"}))
     pods = jobs.wait_pods("own-account", 2)
     assert {p.spec.service_account_name for p in pods} == {"mine"}
-    token_file = tmp_path / "token"
-    token_file.write_text(service_account_token(cluster, jobs.namespace, "mine"))
-    reporter = StatusReporter.from_env(
-        {
-            "KUBEDDP_JOB_NAME": "own-account",
-            "KUBEDDP_JOB_NAMESPACE": jobs.namespace,
-            "KUBEDDP_API_SERVER": cluster.server,
-            "KUBEDDP_TOKEN_FILE": str(token_file),
-            "KUBEDDP_CA_FILE": str(cluster.ca_file),
-        }
-    )
+    env = reporter_env(cluster, jobs, "own-account", "mine", tmp_path / "token")
+    reporter = StatusReporter.from_env(env)
     assert reporter is not None
-    patch = training_patch(
-        epoch=1,
-        epochs=2,
-        loss=0.5,
-        val_accuracy=0.5,
-        best_val_accuracy=0.5,
-        images_per_sec=1.0,
-        now=datetime.now(UTC),
-    )
-    assert reporter.report(patch) is True
-    assert jobs.status("own-account")["training"]["epoch"] == 1
+    assert reporter.report(epoch_3_report()) is True
+    assert jobs.status("own-account")["training"]["epoch"] == 3
 
 
 def scrape(port: int, path: str) -> tuple[int, str]:
