@@ -73,9 +73,10 @@ class Model(BaseModel):
         schema = handler(core_schema)
         target = handler.resolve_ref_schema(schema)
         for key, reason in cls.UNSUPPORTED.items():
+            # Typed as in Kubernetes, so that CEL knows the field and the rule says why.
             target["properties"][key] = {
+                **kubernetes_type(key),
                 "description": f"Not supported: {reason}.",
-                "x-kubernetes-preserve-unknown-fields": True,
             }
             target.setdefault("x-kubernetes-validations", []).append(
                 {"rule": f"!has(self.{key})", "message": unsupported_message(key, reason)}
@@ -297,6 +298,29 @@ class Resources(Model):
     requests: dict[str, Quantity] = Field(
         default_factory=dict, max_length=32, description="Requests, e.g. cpu: 8, memory: 64Gi."
     )
+
+
+# The schema type of each Kubernetes field below, by its kind in a PodSpec or Container.
+_KINDS = {
+    "objects": ("containers", "ephemeralContainers", "env", "ports", "volumeMounts"),
+    "strings": ("command", "args"),
+    "string": ("restartPolicy", "hostname", "subdomain", "nodeName", "serviceAccount", "name",
+               "image", "imagePullPolicy"),
+    "boolean": ("enableServiceLinks", "hostNetwork", "hostPID", "hostIPC"),
+    "integer": ("activeDeadlineSeconds",),
+    "object": ("metadata", "spec", "resources"),
+}  # fmt: skip
+
+
+def kubernetes_type(key: str) -> dict[str, Any]:
+    """The structural schema of the Kubernetes field `key` (one of _KINDS')."""
+    kind = next(kind for kind, keys in _KINDS.items() if key in keys)
+    free_object = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "objects": {"type": "array", "items": free_object},
+        "strings": {"type": "array", "items": {"type": "string"}},
+        "object": free_object,
+    }.get(kind, {"type": kind})
 
 
 # Fields of a Kubernetes PodSpec or Container that a job's template cannot set, and why.
