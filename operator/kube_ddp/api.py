@@ -315,12 +315,13 @@ _KINDS = {
 def kubernetes_type(key: str) -> dict[str, Any]:
     """The structural schema of the Kubernetes field `key` (one of _KINDS')."""
     kind = next(kind for kind, keys in _KINDS.items() if key in keys)
-    free_object = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-    return {
+    free_object: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    shapes: dict[str, dict[str, Any]] = {
         "objects": {"type": "array", "items": free_object},
         "strings": {"type": "array", "items": {"type": "string"}},
         "object": free_object,
-    }.get(kind, {"type": kind})
+    }
+    return shapes.get(kind, {"type": kind})
 
 
 # Fields of a Kubernetes PodSpec or Container that a job's template cannot set, and why.
