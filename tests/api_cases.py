@@ -210,10 +210,36 @@ REJECTIONS = [
         rule=True,
     ),
     Rejection(
-        "unknown template key",
+        "misspelled template key",
+        {"nodes": 1, "template": {"nodeSelectr": {"pool": "a"}}},
+        "spec.template.nodeSelectr: unknown field",
+        'unknown field "spec.template.nodeSelectr"',
+    ),
+    Rejection(
+        "a pod field kube-ddp does not take",
         {"nodes": 1, "template": {"hostNetwork": True}},
-        "spec.template.hostNetwork: unknown field",
-        'unknown field "spec.template.hostNetwork"',
+        "spec.template.hostNetwork: not supported: the workers reach each other",
+        "hostNetwork is not supported: the workers reach each other",
+    ),
+    Rejection(
+        "containers beside the worker's",
+        {"nodes": 1, "template": {"containers": [{"name": "proxy", "image": "envoy"}]}},
+        "spec.template.containers: not supported: the worker container is kube-ddp's: set its "
+        "settings in template.container; a sidecar is an initContainer with restartPolicy: "
+        "Always",
+        "containers is not supported: the worker container is kube-ddp's",
+    ),
+    Rejection(
+        "a container field kube-ddp sets itself",
+        {"nodes": 1, "template": {"container": {"image": "me/train:1"}}},
+        "spec.template.container.image: not supported: use spec.image",
+        "image is not supported: use spec.image",
+    ),
+    Rejection(
+        "a container setting at the pod's level",
+        {"nodes": 1, "template": {"envFrom": [{"secretRef": {"name": "s"}}]}},
+        "spec.template.envFrom: a container's setting: write it as template.container.envFrom",
+        'unknown field "spec.template.envFrom"',
     ),
     Rejection(
         "accelerator device in resources.limits",

@@ -60,14 +60,27 @@ class Model(BaseModel):
         extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
     )
     RULES: ClassVar[tuple[Rule, ...]] = ()
+    # Keys users know from Kubernetes that this model does not take, and why: refused by
+    # the API server and by the models alike, with that reason (kube_ddp.jobfile).
+    UNSUPPORTED: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def __get_pydantic_json_schema__(
         cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
-        """Attach RULES as CEL `x-kubernetes-validations` (see kube_ddp.crd)."""
+        """Attach RULES as CEL `x-kubernetes-validations` (see kube_ddp.crd), and each
+        UNSUPPORTED key as a property that a rule refuses with its reason."""
         schema = handler(core_schema)
         target = handler.resolve_ref_schema(schema)
+        for key, reason in cls.UNSUPPORTED.items():
+            # Typed as in Kubernetes, so that CEL knows the field and the rule says why.
+            target["properties"][key] = {
+                **kubernetes_type(key),
+                "description": f"Not supported: {reason}.",
+            }
+            target.setdefault("x-kubernetes-validations", []).append(
+                {"rule": f"!has(self.{key})", "message": unsupported_message(key, reason)}
+            )
         for rule in cls.RULES:
             node = target
             if rule.on:
@@ -81,6 +94,10 @@ class Model(BaseModel):
             if not rule.holds(getattr(self, rule.on) if rule.on else self):
                 raise ValueError(rule.message.format(self=self))
         return self
+
+
+def unsupported_message(key: str, reason: str) -> str:
+    return f"{key} is not supported: {reason}"
 
 
 AcceleratorType = Literal["nvidia", "gaudi", "amd", "cpu"]
@@ -292,8 +309,91 @@ class Resources(Model):
     )
 
 
+# The schema type of each Kubernetes field below, by its kind in a PodSpec or Container.
+_KINDS = {
+    "objects": ("containers", "ephemeralContainers", "env", "ports", "volumeMounts"),
+    "strings": ("command", "args"),
+    "string": ("restartPolicy", "hostname", "subdomain", "nodeName", "serviceAccount", "name",
+               "image", "imagePullPolicy"),
+    "boolean": ("enableServiceLinks", "hostNetwork", "hostPID", "hostIPC"),
+    "integer": ("activeDeadlineSeconds",),
+    "object": ("metadata", "spec", "resources"),
+}  # fmt: skip
+
+
+def kubernetes_type(key: str) -> dict[str, Any]:
+    """The structural schema of the Kubernetes field `key` (one of _KINDS')."""
+    kind = next(kind for kind, keys in _KINDS.items() if key in keys)
+    free_object: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    shapes: dict[str, dict[str, Any]] = {
+        "objects": {"type": "array", "items": free_object},
+        "strings": {"type": "array", "items": {"type": "string"}},
+        "object": free_object,
+    }
+    return shapes.get(kind, {"type": kind})
+
+
+# Fields of a Kubernetes PodSpec or Container that a job's template cannot set, and why.
+UNSUPPORTED_POD_FIELDS: dict[str, str] = {
+    "containers": "the worker container is kube-ddp's: set its settings in template.container; "
+    "a sidecar is an initContainer with restartPolicy: Always (Kubernetes' native sidecars)",
+    "restartPolicy": "restarts are kube-ddp's, for the whole group: use runPolicy.restartPolicy",
+    "activeDeadlineSeconds": "use runPolicy.activeDeadlineSeconds",
+    "hostname": "kube-ddp names each worker for the rendezvous",
+    "subdomain": "kube-ddp names each worker for the rendezvous",
+    "enableServiceLinks": "kube-ddp turns it off: the env contract's names must not clash",
+    "nodeName": "use nodeSelector or affinity",
+    "hostNetwork": "the workers reach each other through the pod network (the job's "
+    "headless Service); for RDMA, add the network's devices as resources",
+    "hostPID": "a worker sees its own processes only",
+    "hostIPC": "kube-ddp sets it for accelerator type gaudi only",
+    "ephemeralContainers": "add them to a running pod with kubectl debug",
+    "serviceAccount": "use serviceAccountName",
+    "metadata": "template's fields are flat: write template.labels and template.annotations",
+    "spec": "template's fields are flat: write template.volumes, template.nodeSelector, ...",
+}
+UNSUPPORTED_CONTAINER_FIELDS: dict[str, str] = {
+    "name": "the worker container is named by kube-ddp",
+    "image": "use spec.image",
+    "imagePullPolicy": "use spec.imagePullPolicy",
+    "command": "use spec.command",
+    "args": "use spec.args",
+    "env": "use spec.env",
+    "resources": "use spec.resources (and accelerator)",
+    "ports": "kube-ddp opens spec.port",
+    "volumeMounts": "use template.volumeMounts",
+}
+
+
+class ContainerSettings(Model):
+    """Settings of the worker container, as in a Kubernetes Container (the fields kube-ddp
+    does not set itself: image, command, args, env and resources are spec's own)."""
+
+    UNSUPPORTED = UNSUPPORTED_CONTAINER_FIELDS
+
+    env_from: list[FreeForm] = Field(
+        default_factory=list,
+        description="Environment from ConfigMaps and Secrets (Kubernetes EnvFromSource); "
+        "the env contract's names still win.",
+    )
+    security_context: FreeForm | None = Field(
+        None,
+        description="Container security context (Kubernetes SecurityContext); on gaudi, "
+        "SYS_NICE is added to its capabilities.",
+    )
+    working_dir: str | None = Field(
+        None, min_length=1, description="Working directory; the image's when unset."
+    )
+    lifecycle: FreeForm | None = Field(None, description="postStart and preStop hooks.")
+    liveness_probe: FreeForm | None = Field(None, description="Liveness probe.")
+    readiness_probe: FreeForm | None = Field(None, description="Readiness probe.")
+    startup_probe: FreeForm | None = Field(None, description="Startup probe.")
+
+
 class PodTemplateOverrides(Model):
     """Pod settings merged into every worker pod; the operator's own fields are kept."""
+
+    UNSUPPORTED = UNSUPPORTED_POD_FIELDS
 
     RULES = (
         Rule(
@@ -331,7 +431,34 @@ class PodTemplateOverrides(Model):
     )
     service_account_name: str | None = Field(None, description="ServiceAccount for worker pods.")
     security_context: FreeForm | None = Field(
-        None, description="Pod security context (Kubernetes PodSecurityContext)."
+        None,
+        description="Pod security context (Kubernetes PodSecurityContext); fsGroup defaults "
+        f"to {names.TRAINER_IMAGE_GID}, the trainer image's group.",
+    )
+    image_pull_secrets: list[FreeForm] = Field(
+        default_factory=list,
+        description="Secrets to pull the image with (Kubernetes LocalObjectReference: name).",
+    )
+    init_containers: list[FreeForm] = Field(
+        default_factory=list,
+        description="Init containers (Kubernetes Container), run before the worker; one with "
+        "restartPolicy: Always is a sidecar that runs beside it.",
+    )
+    container: ContainerSettings = Field(
+        default_factory=ContainerSettings,
+        description="Settings of the worker container: envFrom, securityContext, workingDir, "
+        "lifecycle and probes.",
+    )
+    topology_spread_constraints: list[FreeForm] = Field(
+        default_factory=list, description="Topology spread constraints of the worker pods."
+    )
+    runtime_class_name: str | None = Field(None, description="RuntimeClass of worker pods.")
+    termination_grace_period_seconds: int | None = Field(
+        None, ge=0, description="Seconds a deleted worker gets to stop before it is killed."
+    )
+    dns_config: FreeForm | None = Field(None, description="DNS settings (Kubernetes PodDNSConfig).")
+    host_aliases: list[FreeForm] = Field(
+        default_factory=list, description="Extra /etc/hosts entries (Kubernetes HostAlias)."
     )
 
 
@@ -537,9 +664,12 @@ class DDPTrainingJobSpec(Model):
     )
     template: PodTemplateOverrides = Field(
         default_factory=PodTemplateOverrides,
-        description="Worker pod settings: labels, annotations, volumes, volumeMounts, "
-        "nodeSelector, tolerations, affinity, priorityClassName, schedulerName, "
-        "serviceAccountName, securityContext.",
+        description="Worker pod settings, named as in a Kubernetes PodSpec: labels, "
+        "annotations, volumes, volumeMounts, nodeSelector, tolerations, affinity, "
+        "priorityClassName, schedulerName, serviceAccountName, securityContext, "
+        "imagePullSecrets, initContainers, topologySpreadConstraints, runtimeClassName, "
+        "terminationGracePeriodSeconds, dnsConfig, hostAliases; container: the worker "
+        "container's envFrom, securityContext, workingDir, lifecycle and probes.",
     )
     elastic: ElasticPolicy | None = Field(
         None, description="Elastic training with torchrun (node count within a range)."

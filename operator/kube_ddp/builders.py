@@ -6,6 +6,7 @@ exactly what `build_children` returns.
 
 from __future__ import annotations
 
+import itertools
 import math
 import shlex
 from collections.abc import Iterable, Mapping
@@ -14,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from ddp_trainer import contract
-from ddp_trainer.options import to_argv
+from ddp_trainer.options import TrainerOptions, to_argv
 from kube_ddp import gang, names
 from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, MPIOptions, Obj
 
@@ -125,26 +126,66 @@ def trainer_args(job: DDPTrainingJob) -> list[str]:
     return to_argv(job.spec.trainer) if job.spec.trainer is not None else []
 
 
-def torchrun_command(job: DDPTrainingJob) -> list[str]:
-    """torchrun in front of the trainer module (or plain python for one process per pod)."""
+def _torchrun(job: DDPTrainingJob) -> list[str]:
+    """torchrun and its flags: this pod's node of the job's rendezvous."""
     spec = job.spec
-    if _runs_one_process_directly(spec):
-        return list(contract.TRAINER_COMMAND)
     command = ["torchrun", f"--nnodes={_nnodes(spec)}", f"--nproc-per-node={spec.procs_per_node}"]
     if spec.elastic is not None:
-        command += [
+        return [
+            *command,
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint=$({contract.MASTER_ADDR}):$({contract.MASTER_PORT})",
             f"--rdzv-id={job.name}",
             f"--max-restarts={spec.elastic.max_restarts}",
         ]
-    else:
-        command += [
-            f"--node-rank=$({contract.NODE_RANK})",
-            f"--master-addr=$({contract.MASTER_ADDR})",
-            f"--master-port=$({contract.MASTER_PORT})",
-        ]
-    return [*command, "-m", contract.TRAINER_MODULE]
+    return [
+        *command,
+        f"--node-rank=$({contract.NODE_RANK})",
+        f"--master-addr=$({contract.MASTER_ADDR})",
+        f"--master-port=$({contract.MASTER_PORT})",
+    ]
+
+
+def torchrun_command(job: DDPTrainingJob) -> list[str]:
+    """torchrun in front of the trainer module (or plain python for one process per pod)."""
+    if _runs_one_process_directly(job.spec):
+        return list(contract.TRAINER_COMMAND)
+    return [*_torchrun(job), "-m", contract.TRAINER_MODULE]
+
+
+# Programs that start the ranks themselves: a command starting with one is run as written.
+LAUNCHERS = frozenset({"torchrun", "mpirun", "mpiexec", "horovodrun", "deepspeed", "accelerate"})
+LAUNCHER_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
+
+
+def starts_a_launcher(command: list[str]) -> bool:
+    """Whether `command` starts its own ranks: torchrun, mpirun (or another launcher), `python
+    -m torch.distributed.run`, or a shell script (`sh -c ...`) that names one of them."""
+    program = command[0].rsplit("/", 1)[-1]
+    if program in LAUNCHERS:
+        return True
+    if program.startswith("python"):
+        return any(
+            flag == "-m" and module in LAUNCHER_MODULES
+            for flag, module in itertools.pairwise(command)
+        )
+    if program in SHELLS and "-c" in command:
+        script = " ".join(command[command.index("-c") + 1 :])
+        words = set(script.replace(";", " ").replace("&", " ").replace("|", " ").split())
+        return bool(words & (LAUNCHERS | LAUNCHER_MODULES))
+    return False
+
+
+def user_command(job: DDPTrainingJob) -> list[str]:
+    """The job's own program, which runs as written with one process per pod (the env carries
+    RANK and LOCAL_RANK) or when it starts its own launcher; otherwise torchrun starts
+    nprocPerNode copies of it (`--no-python`: the command is run as given), as Kubeflow
+    Trainer's torch runtime does."""
+    command = list(job.spec.command or [])
+    if _runs_one_process_directly(job.spec) or starts_a_launcher(command):
+        return command
+    return [*_torchrun(job), "--no-python", *command]
 
 
 def container_resources(spec: DDPTrainingJobSpec) -> Obj:
@@ -179,6 +220,43 @@ def _mounts_shm(spec: DDPTrainingJobSpec) -> bool:
     return any(m.get("mountPath") == "/dev/shm" for m in spec.template.volume_mounts)
 
 
+# The trainer's directories that get an emptyDir when no volume holds them, by volume name.
+WRITABLE_DIRS = {"ddp-data": "data_dir", "ddp-checkpoints": "checkpoint_dir"}
+
+
+def _under(path: str, mount: str) -> bool:
+    mount = mount.rstrip("/") or "/"
+    return path == mount or path.startswith(mount if mount == "/" else mount + "/")
+
+
+def writable_dirs(spec: DDPTrainingJobSpec) -> dict[str, str]:
+    """The built-in trainer's absolute dataDir and checkpointDir that no volume of the
+    template holds, by the name of the emptyDir they get: the image's user (uid 10001) can
+    write nowhere else outside its home. Relative paths are under the image's home."""
+    if spec.command is not None:
+        return {}
+    options = spec.trainer or TrainerOptions()
+    mounted = [m.get("mountPath", "") for m in spec.template.volume_mounts]
+    found: dict[str, str] = {}
+    for volume, option in WRITABLE_DIRS.items():
+        path = getattr(options, option)
+        if not path or not path.startswith("/"):
+            continue
+        if not any(_under(path, m) for m in [*mounted, *found.values()]):
+            found[volume] = path
+    return found
+
+
+def pod_security_context(spec: DDPTrainingJobSpec) -> Obj:
+    """The template's security context, with fsGroup defaulting to the trainer image's group
+    (and ownership changed only when a volume's root does not match it yet)."""
+    context = dict(spec.template.security_context or {})
+    if "fsGroup" not in context:
+        context["fsGroup"] = names.TRAINER_IMAGE_GID
+        context.setdefault("fsGroupChangePolicy", "OnRootMismatch")
+    return context
+
+
 def _container(
     job: DDPTrainingJob,
     *,
@@ -203,13 +281,38 @@ def _container(
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     mounts = list(spec.template.volume_mounts)
+    mounts += [{"name": v, "mountPath": path} for v, path in writable_dirs(spec).items()]
     if not _mounts_shm(spec):
         # DataLoader workers and NCCL/HCCL share tensors through /dev/shm; 64Mi is too small.
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
     container["volumeMounts"] = mounts
-    if spec.accelerator.type == "gaudi":
-        container["securityContext"] = {"capabilities": {"add": ["SYS_NICE"]}}
+    container.update(container_settings(spec, probes=True))
     return container
+
+
+def container_settings(spec: DDPTrainingJobSpec, *, probes: bool) -> Obj:
+    """template.container's fields (the MPI launcher takes no probes or hooks), and the
+    accelerator's capability merged into its securityContext."""
+    settings = spec.template.container
+    fields: Obj = {
+        "envFrom": settings.env_from or None,
+        "workingDir": settings.working_dir,
+        "securityContext": dict(settings.security_context or {}) or None,
+    }
+    if probes:
+        fields |= {
+            "lifecycle": settings.lifecycle,
+            "livenessProbe": settings.liveness_probe,
+            "readinessProbe": settings.readiness_probe,
+            "startupProbe": settings.startup_probe,
+        }
+    if spec.accelerator.type == "gaudi":
+        context = fields["securityContext"] or {}
+        capabilities = dict(context.get("capabilities") or {})
+        added = list(capabilities.get("add") or [])
+        capabilities["add"] = added if "SYS_NICE" in added else [*added, "SYS_NICE"]
+        fields["securityContext"] = {**context, "capabilities": capabilities}
+    return {key: value for key, value in fields.items() if value is not None}
 
 
 def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
@@ -217,6 +320,7 @@ def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
     spec = job.spec
     template = spec.template
     volumes = list(template.volumes)
+    volumes += [{"name": v, "emptyDir": {}} for v in writable_dirs(spec)]
     if not _mounts_shm(spec):
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
     tolerations = list(template.tolerations)
@@ -235,13 +339,20 @@ def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
     if spec.accelerator.type == "gaudi":
         pod["hostIPC"] = True
     optional = {
+        "imagePullSecrets": template.image_pull_secrets or None,
+        "initContainers": template.init_containers or None,
         "nodeSelector": template.node_selector or None,
         "affinity": template.affinity,
         "priorityClassName": template.priority_class_name,
         "schedulerName": template.scheduler_name,
-        # The user's account wins; the reporter then needs that account to have the rights.
+        # The user's account wins; the reporter's RoleBinding names it too.
         "serviceAccountName": template.service_account_name or reporter_account(job),
-        "securityContext": template.security_context,
+        "securityContext": pod_security_context(spec),
+        "topologySpreadConstraints": template.topology_spread_constraints or None,
+        "runtimeClassName": template.runtime_class_name,
+        "terminationGracePeriodSeconds": template.termination_grace_period_seconds,
+        "dnsConfig": template.dns_config,
+        "hostAliases": template.host_aliases or None,
     }
     pod.update({key: value for key, value in optional.items() if value is not None})
     return pod
@@ -266,7 +377,9 @@ def reporter_account(job: DDPTrainingJob) -> str:
 
 def build_reporter_rbac(job: DDPTrainingJob) -> list[Obj]:
     """ServiceAccount, Role and RoleBinding that allow exactly one thing: get and patch this
-    job's status (the trainer's rank 0 writes status.training through them)."""
+    job's status (the trainer's rank 0 writes status.training through them). The binding
+    names the job's own account and, when the template names one, the user's account the
+    workers then run as."""
     account = reporter_account(job)
     labels = job_labels(job)
     return [
@@ -297,7 +410,11 @@ def build_reporter_rbac(job: DDPTrainingJob) -> list[Obj]:
                 "kind": "Role",
                 "name": account,
             },
-            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": job.namespace}],
+            "subjects": [
+                {"kind": "ServiceAccount", "name": name, "namespace": job.namespace}
+                for name in dict.fromkeys([account, job.spec.template.service_account_name])
+                if name
+            ],
         },
     ]
 
@@ -321,7 +438,7 @@ def build_worker_pod(job: DDPTrainingJob, index: int, attempt: int, settings: Bu
     """Worker `index` of attempt `attempt` (torchrun launcher)."""
     spec = job.spec
     if spec.command is not None:
-        command, args = list(spec.command), list(spec.args or [])
+        command, args = user_command(job), list(spec.args or [])
     else:
         command, args = torchrun_command(job), trainer_args(job)
     env = worker_env(job, index, attempt)
@@ -443,11 +560,12 @@ def _launcher_pod_spec(job: DDPTrainingJob, launcher: Obj) -> Obj:
     pod = _pod_spec(job, [launcher])
     del pod["restartPolicy"]  # the replica's restartPolicy is the MPIJob's field for it
     pod.pop("hostIPC", None)
+    pod.pop("initContainers", None)  # they prepare the workers (and may mount their claims)
     device = job.spec.accelerator.resource
     pod["tolerations"] = [t for t in pod.get("tolerations", []) if t.get("key") != device]
     if not pod["tolerations"]:
         del pod["tolerations"]
-    left_out = {SHM_VOLUME} | {
+    left_out = {SHM_VOLUME, *writable_dirs(job.spec)} | {
         v["name"] for v in job.spec.template.volumes if "persistentVolumeClaim" in v
     }
     pod["volumes"] = [v for v in pod["volumes"] if v["name"] not in left_out]
@@ -473,6 +591,7 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
         "command": mpirun_command(job),
         "env": env,
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        **container_settings(spec, probes=False),
     }
     worker_pod = _pod_spec(job, [worker])
     del worker_pod["restartPolicy"]  # the replica's restartPolicy is the MPIJob's field for it

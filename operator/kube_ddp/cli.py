@@ -41,11 +41,19 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     settings = BuildSettings(trainer_image=args.trainer_image)
+    jobs = read_jobs(args.file, args.namespace)
     objects = [
-        obj
-        for job in read_jobs(args.file, args.namespace)
-        for obj in build_children(job, attempt=args.attempt, settings=settings)
+        obj for job in jobs for obj in build_children(job, attempt=args.attempt, settings=settings)
     ]
+    for job in jobs:
+        if job.spec.image is None:
+            what = "its command" if job.spec.command is not None else "the trainer"
+            print(
+                f"kube-ddp: {job.name}: {what} runs in {settings.trainer_image}, the operator's "
+                "trainer image (spec.image unset; the operator's --trainer-image, the chart's "
+                "operator.trainerImage)",
+                file=sys.stderr,
+            )
     sys.stdout.write(dump_yaml(objects))
     return 0
 

@@ -11,8 +11,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from kube_ddp import names
-from kube_ddp.api import DDPTrainingJob, load_job
+from kube_ddp import kueue, names
+from kube_ddp.api import (
+    ContainerSettings,
+    DDPTrainingJob,
+    PodTemplateOverrides,
+    load_job,
+    unsupported_message,
+)
 
 
 class InputError(Exception):
@@ -47,9 +53,15 @@ def read_jobs(path: str, namespace: str | None) -> list[DDPTrainingJob]:
             problems.append(f"{where}: expected a {names.KIND} mapping")
             continue
         try:
-            jobs.append(load_job(document, namespace))
+            job = load_job(document, namespace)
         except ValidationError as error:
             problems += [f"{where}: {line}" for line in describe_errors(error)]
+            continue
+        # What the operator fails a job for before it creates anything, and the API server
+        # cannot check (its rules see no labels).
+        if kueue.queue_name(job) is not None and (refused := kueue.refusal(job)) is not None:
+            problems.append(f"{where}: metadata.labels.{kueue.QUEUE_LABEL}: {refused}")
+        jobs.append(job)
     if problems:
         raise InputError("\n".join(problems))
     return jobs
@@ -81,6 +93,24 @@ def _what_was_given(value: Any, expected: str) -> str:
     return f" (got {kinds.get(type(value), type(value).__name__)})"
 
 
+# Where a key that a model refuses belongs to: the model that says why it is unsupported.
+_UNSUPPORTED_AT = {
+    ("template",): PodTemplateOverrides.UNSUPPORTED,
+    ("template", "container"): ContainerSettings.UNSUPPORTED,
+}
+_CONTAINER_KEYS = {field.alias or name for name, field in ContainerSettings.model_fields.items()}
+
+
+def _unknown_field(loc: tuple[Any, ...]) -> str:
+    *parents, key = (str(part) for part in loc)
+    for where, unsupported in _UNSUPPORTED_AT.items():
+        if tuple(parents[-len(where) :]) == where and key in unsupported:
+            return unsupported_message(key, unsupported[key]).removeprefix(f"{key} is ")
+    if parents[-1:] == ["template"] and key in _CONTAINER_KEYS:
+        return f"a container's setting: write it as template.container.{key}"
+    return "unknown field: check its spelling (keys are camelCase)"
+
+
 def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
     """One line per problem: the field path as written in YAML, then what is wrong."""
     lines = []
@@ -90,7 +120,7 @@ def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
             path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
         message = str(item["msg"]).removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            message = "unknown field: check its spelling (keys are camelCase)"
+            message = _unknown_field(item["loc"])
         elif item["type"] == "missing":
             message = "required field is missing"
         shown = item.get("input")

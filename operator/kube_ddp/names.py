@@ -29,6 +29,7 @@ OWNED_LABELS: Final = (LABEL_MANAGED_BY, LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LA
 
 TRAINER_REPOSITORY: Final = "ghcr.io/kube-ddp/ddp-trainer"
 DEFAULT_TRAINER_IMAGE: Final = f"{TRAINER_REPOSITORY}:{__version__}"
+TRAINER_IMAGE_GID: Final = contract.IMAGE_GID
 TRAINER_CONTAINER: Final = "trainer"
 
 # The Kubeflow MPI Operator's job kind, which `launcher: mpi` creates.
@@ -42,13 +43,17 @@ MPI_LABEL_REPLICA_INDEX: Final = "training.kubeflow.org/replica-index"
 MPI_LAUNCHER: Final = "launcher"
 MPI_WORKER: Final = "worker"
 
+# The trainer's exit codes the default rules retry: a failure a later attempt may not meet (a
+# download), and a collective that timed out or a peer that went away.
+EXIT_TEMPORARY: Final = contract.EXIT_TEMPORARY
+EXIT_PEER_LOST: Final = contract.EXIT_PEER_LOST
+
 # The env contract: set by the operator on every worker, refused in a spec's own env.
 RESERVED_ENV: Final = contract.RESERVED_ENV
 
-# Silent failures: the trainer's heartbeat, the shortest progress deadline, a lost peer's exit.
+# Silent failures: the trainer's heartbeat and the shortest progress deadline.
 HEARTBEAT_SECONDS: Final = contract.HEARTBEAT_SECONDS
 MIN_PROGRESS_DEADLINE_SECONDS: Final = contract.MIN_PROGRESS_DEADLINE_SECONDS
-EXIT_PEER_LOST: Final = contract.EXIT_PEER_LOST
 
 
 def worker_name(job: str, index: int) -> str:

@@ -109,6 +109,32 @@ def service_account_token(cluster: Cluster, namespace: str, account: str) -> str
     return str(response.status.token)
 
 
+def reporter_env(
+    cluster: Cluster, jobs: Jobs, job: str, account: str, token_file: Path
+) -> dict[str, str]:
+    """What rank 0 of `job` reads to report, with a token of `account`."""
+    token_file.write_text(service_account_token(cluster, jobs.namespace, account))
+    return {
+        "KUBEDDP_JOB_NAME": job,
+        "KUBEDDP_JOB_NAMESPACE": jobs.namespace,
+        "KUBEDDP_API_SERVER": cluster.server,
+        "KUBEDDP_TOKEN_FILE": str(token_file),
+        "KUBEDDP_CA_FILE": str(cluster.ca_file),
+    }
+
+
+def epoch_3_report() -> dict[str, Any]:
+    return training_patch(
+        epoch=3,
+        epochs=10,
+        loss=0.25,
+        val_accuracy=0.9,
+        best_val_accuracy=0.91,
+        images_per_sec=1234.5,
+        now=datetime.now(UTC),
+    )
+
+
 def test_trainer_reports_progress_with_the_jobs_own_account(
     cluster: Cluster, jobs: Jobs, operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -118,25 +144,10 @@ def test_trainer_reports_progress_with_the_jobs_own_account(
     account = pods[0].spec.service_account_name
     assert account == "mine-trainer"
     token_file = tmp_path / "token"
-    token_file.write_text(service_account_token(cluster, jobs.namespace, account))
-    env = {
-        "KUBEDDP_JOB_NAME": "mine",
-        "KUBEDDP_JOB_NAMESPACE": jobs.namespace,
-        "KUBEDDP_API_SERVER": cluster.server,
-        "KUBEDDP_TOKEN_FILE": str(token_file),
-        "KUBEDDP_CA_FILE": str(cluster.ca_file),
-    }
+    env = reporter_env(cluster, jobs, "mine", account, token_file)
     reporter = StatusReporter.from_env(env)
     assert reporter is not None
-    patch = training_patch(
-        epoch=3,
-        epochs=10,
-        loss=0.25,
-        val_accuracy=0.9,
-        best_val_accuracy=0.91,
-        images_per_sec=1234.5,
-        now=datetime.now(UTC),
-    )
+    patch = epoch_3_report()
     assert reporter.report(patch) is True
     training = jobs.status("mine")["training"]
     assert (training["epoch"], training["valAccuracy"], training["imagesPerSec"]) == (
@@ -169,6 +180,22 @@ def test_trainer_reports_progress_with_the_jobs_own_account(
     # and the operator's own status writes leave the trainer's report alone
     jobs.end_worker("mine-worker-0", 0)
     assert jobs.wait_phase("mine", "Succeeded")["training"]["epoch"] == 3
+
+
+def test_the_users_service_account_keeps_the_reporters_rights(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """template.serviceAccountName: the workers run as the user's account, and rank 0's
+    report through that account's token is still allowed (the job's RoleBinding names it)."""
+    cluster.core.create_namespaced_service_account(jobs.namespace, {"metadata": {"name": "mine"}})
+    jobs.create(job_manifest("own-account", **CPU_2, template={"serviceAccountName": "mine"}))
+    pods = jobs.wait_pods("own-account", 2)
+    assert {p.spec.service_account_name for p in pods} == {"mine"}
+    env = reporter_env(cluster, jobs, "own-account", "mine", tmp_path / "token")
+    reporter = StatusReporter.from_env(env)
+    assert reporter is not None
+    assert reporter.report(epoch_3_report()) is True
+    assert jobs.status("own-account")["training"]["epoch"] == 3
 
 
 def scrape(port: int, path: str) -> tuple[int, str]:

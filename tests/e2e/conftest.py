@@ -22,12 +22,14 @@ import pytest
 from tests.cluster.conftest import IN_CI, cluster, crd, mpi_operator
 from tests.cluster.helm_support import CHART, Helm, helm_binary
 from tests.cluster.operator_support import Jobs
-from tests.cluster.support import Cluster, fresh_namespace, load_dev_cluster, wait_for
+from tests.cluster.support import REPO, Cluster, fresh_namespace, load_dev_cluster, wait_for
+from tests.e2e import quickstart
 from tests.e2e.platform import DevPlatform, Platform, dev_platform, external_platform
 
 HERE = Path(__file__).resolve().parent
-OPERATOR_NAMESPACE = "kube-ddp-system"
-RELEASE = "kube-ddp"
+# The chart is installed with the README's own quick-start command (tests/e2e/quickstart.py).
+RELEASE, CHART_PATH = quickstart.helm_install()[1:3]
+OPERATOR_NAMESPACE = quickstart.release_namespace()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -88,19 +90,12 @@ def operator(
         mpioperator.install_crd(platform.cluster.kubeconfig)
     home = tmp_path_factory.mktemp("helm-home")
     helm = Helm(platform.helm, platform.cluster.kubeconfig, home)
-    args = platform.helm_args
-    helm.run(
-        "upgrade",
-        "--install",
-        RELEASE,
-        str(CHART),
-        "--namespace",
-        OPERATOR_NAMESPACE,
-        "--create-namespace",
-        "--wait",
-        "--timeout=180s",
-        *args,
-    )
+    # The README's `helm install ...`, as `upgrade --install` (a cluster of `make cluster-up`
+    # may hold the release of an earlier session), with the images the platform runs.
+    readme = quickstart.helm_install()
+    assert (REPO / CHART_PATH).resolve() == CHART.resolve(), readme
+    args = [str(CHART) if arg == CHART_PATH else arg for arg in readme[1:]]
+    helm.run("upgrade", "--install", *args, "--timeout=180s", *platform.helm_args)
     apps = kubernetes.client.AppsV1Api(platform.cluster.api)
 
     def available() -> Any:

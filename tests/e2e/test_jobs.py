@@ -13,11 +13,12 @@ from typing import Any
 
 import kubernetes
 import pytest
+import yaml
 
 from kube_ddp import names
 from kube_ddp.reasons import Reason
 from tests.cluster.operator_support import Jobs, job_manifest
-from tests.cluster.support import wait_for
+from tests.cluster.support import REPO, wait_for
 from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE
 from tests.e2e.platform import Platform
 
@@ -249,3 +250,27 @@ def test_a_deleted_job_takes_every_child_with_it(platform: Platform, jobs: Jobs)
     wait_for(lambda: not children(), "the job's children to be gone", timeout=90)
     with pytest.raises(kubernetes.client.ApiException):
         jobs.get("doomed")
+
+
+def test_the_own_script_example_trains_under_kube_ddps_torchrun(
+    platform: Platform, jobs: Jobs
+) -> None:
+    """manifests/examples/own-script as its header says to apply it: the script in a
+    ConfigMap, `python train.py` with nprocPerNode 2, which kube-ddp starts under torchrun:
+    4 ranks in 2 pods, each with its RANK and LOCAL_RANK from torchrun."""
+    example = REPO / "manifests" / "examples" / "own-script"
+    jobs.cluster.kubectl(
+        "create", "configmap", "own-script", f"--from-file={example / 'train.py'}",
+        "-n", jobs.namespace,
+    )  # fmt: skip
+    document = yaml.safe_load((example / "job.yaml").read_text())
+    # The stand-in image has no WORKDIR; the trainer image's is /home/trainer.
+    spec = platform.job_spec(document["spec"])
+    spec["template"]["container"] = {"workingDir": "/home/trainer"}
+    jobs.create({**document, "spec": spec})
+    status = jobs.wait_phase("own-script", "Succeeded", timeout=TRAINING_TIMEOUT)
+    assert status["restarts"] == 0, status.get("failure")
+    said = logs(jobs, "own-script-worker-0") + logs(jobs, "own-script-worker-1")
+    for rank, local in ((0, 0), (1, 1), (2, 0), (3, 1)):
+        assert f"rank {rank} of 4 (local rank {local})" in said, said[-3000:]
+    assert "done: 200 steps on 4 ranks" in said

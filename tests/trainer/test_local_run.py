@@ -122,3 +122,24 @@ def test_the_demo_job_reaches_its_target(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert summary_value(done.stderr, "phase") == "Succeeded"
     assert float(summary_value(done.stderr, "best val-acc")) >= 0.98
+
+
+def test_the_own_script_example_runs_under_torchrun_started_by_kube_ddp() -> None:
+    """manifests/examples/own-script as shipped, from its directory (the job names
+    `train.py`, a plain PyTorch script): 2 pods x 2 processes, each with its rank from the
+    torchrun kube-ddp put in front of `python train.py`."""
+    example = support.REPO / "manifests" / "examples" / "own-script"
+    done = subprocess.run(
+        [KUBE_DDP, "run", "--local", "job.yaml"],
+        cwd=example,
+        env=support.clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=support.RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = set(re.findall(r"rank (\d) of 4 \(local rank (\d)\)", done.stdout))
+    assert ranks == {("0", "0"), ("1", "1"), ("2", "0"), ("3", "1")}
+    assert "done: 200 steps on 4 ranks" in done.stdout
+    assert summary_value(done.stderr, "phase") == "Succeeded"

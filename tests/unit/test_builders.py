@@ -191,6 +191,13 @@ def test_reporter_may_only_touch_its_own_jobs_status() -> None:
     assert {p["spec"]["serviceAccountName"] for p in pods} == {"bar-trainer"}
 
 
+def test_the_users_service_account_keeps_the_reporters_rights() -> None:
+    job = make_job(**GPU_2X8, template={"serviceAccountName": "mine"})
+    _, account, _, binding, *pods = build_children(job, settings=SETTINGS)
+    assert [s["name"] for s in binding["subjects"]] == [account["metadata"]["name"], "mine"]
+    assert {p["spec"]["serviceAccountName"] for p in pods} == {"mine"}
+
+
 def test_service_is_headless_and_selects_the_job() -> None:
     children = build_children(make_job(**GPU_2X8), settings=SETTINGS)
     service = children[0]
@@ -277,9 +284,58 @@ def test_template_is_merged_and_operator_fields_are_kept() -> None:
     assert spec["priorityClassName"] == "high"
     assert spec["schedulerName"] == "volcano"
     assert spec["serviceAccountName"] == "trainer"
-    assert spec["securityContext"] == {"runAsUser": 1000}
+    assert spec["securityContext"] == {
+        "runAsUser": 1000,
+        "fsGroup": names.TRAINER_IMAGE_GID,
+        "fsGroupChangePolicy": "OnRootMismatch",
+    }
     assert spec["hostname"] == "bar-worker-0"
     assert spec["restartPolicy"] == "Never"
+
+
+def _mounts(pod: dict[str, Any]) -> dict[str, str]:
+    return {m["mountPath"]: m["name"] for m in container_of(pod)["volumeMounts"]}
+
+
+def test_trainer_dirs_without_a_volume_get_an_emptydir_the_image_user_can_write() -> None:
+    trainer = {"dataset": "mnist", "dataDir": "/data", "checkpointDir": "/ckpt"}
+    pod = worker({"nodes": 2, "trainer": trainer})
+    assert _mounts(pod) == {"/data": "ddp-data", "/ckpt": "ddp-checkpoints", "/dev/shm": "dshm"}
+    empty = {v["name"] for v in pod["spec"]["volumes"] if v.get("emptyDir") == {}}
+    assert empty == {"ddp-data", "ddp-checkpoints"}
+    assert pod["spec"]["securityContext"]["fsGroup"] == 10001
+
+
+@pytest.mark.parametrize(
+    ("trainer", "mounted", "expected"),
+    [
+        ({"dataDir": "/data/cifar", "checkpointDir": "/data/ckpt"}, "/data", set()),
+        ({"dataDir": "/data", "checkpointDir": "/data/ckpt"}, "/other", {"/data"}),
+        ({"dataDir": "./data"}, "/other", set()),  # under the image's home
+        ({"dataDir": "/data", "checkpointDir": "/ckpt"}, "/", set()),
+    ],
+)
+def test_a_volume_that_holds_a_dir_is_used_as_is(
+    trainer: dict[str, str], mounted: str, expected: set[str]
+) -> None:
+    template = {
+        "volumes": [{"name": "mine", "persistentVolumeClaim": {"claimName": "c"}}],
+        "volumeMounts": [{"name": "mine", "mountPath": mounted}],
+    }
+    pod = worker({"nodes": 1, "trainer": trainer, "template": template})
+    added = {path for path, name in _mounts(pod).items() if name.startswith("ddp-")}
+    assert added == expected
+
+
+def test_own_command_gets_no_emptydir_and_own_fsgroup_is_kept() -> None:
+    spec = {
+        "nodes": 1,
+        "command": ["python", "train.py"],
+        "template": {"securityContext": {"fsGroup": 2000}},
+    }
+    pod = worker(spec)
+    assert set(_mounts(pod)) == {"/dev/shm"}
+    assert pod["spec"]["securityContext"] == {"fsGroup": 2000}
 
 
 def test_own_dev_shm_mount_replaces_ours() -> None:
@@ -322,13 +378,53 @@ def test_own_command_keeps_the_contract_and_user_env_follows_it() -> None:
         ],
     }
     container = container_of(worker(spec))
-    assert container["command"] == ["python", "/app/train.py"]
+    assert container["command"] == [
+        "torchrun",
+        "--nnodes=2",
+        "--nproc-per-node=8",
+        "--node-rank=$(NODE_RANK)",
+        "--master-addr=$(MASTER_ADDR)",
+        "--master-port=$(MASTER_PORT)",
+        "--no-python",
+        "python",
+        "/app/train.py",
+    ]
     assert container["args"] == ["--lr", "0.1"]
     assert container["image"] == "me/train:2"
     assert container["imagePullPolicy"] == "Always"
     env_names = [e["name"] for e in container["env"]]
     assert env_names[-2:] == ["NCCL_DEBUG", "URL"]
     assert env_of(container)["WORLD_SIZE"] == "16"
+
+
+def test_own_command_with_one_process_a_pod_runs_as_the_rank_itself() -> None:
+    container = container_of(worker({"nodes": 2, "command": ["python", "train.py"]}))
+    assert container["command"] == ["python", "train.py"]
+    assert (env_of(container)["RANK"], env_of(container)["LOCAL_RANK"]) == ("0", "0")
+
+
+def test_own_command_under_elastic_gets_torchrun_with_a_rendezvous() -> None:
+    spec = {"nodes": 2, "elastic": {"minNodes": 1, "maxNodes": 2}, "command": ["./train"]}
+    command = container_of(worker(spec))["command"]
+    assert command[0] == "torchrun" and "--rdzv-backend=c10d" in command
+    assert command[-2:] == ["--no-python", "./train"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["torchrun", "--nproc-per-node=2", "train.py"],
+        ["/opt/conda/bin/torchrun", "train.py"],
+        ["python", "-m", "torch.distributed.run", "train.py"],
+        ["python3", "-u", "-m", "torch.distributed.launch", "train.py"],
+        ["mpirun", "-np", "4", "python", "train.py"],
+        ["bash", "-c", "pip install -e . && torchrun --nproc-per-node=2 train.py"],
+    ],
+)
+def test_a_command_that_starts_its_own_launcher_is_left_alone(command: list[str]) -> None:
+    container = container_of(worker({"nodes": 2, "nprocPerNode": 2, "command": command}))
+    assert container["command"] == command
+    assert "RANK" not in env_of(container)
 
 
 def test_default_image_comes_from_the_settings() -> None:
@@ -522,7 +618,7 @@ def test_the_mpi_launcher_gets_the_templates_placement_but_not_the_data() -> Non
     obj = mpijob({**GAUDI_2X8, "template": template})
     launcher = obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
     assert launcher["nodeSelector"] == {"pool": "gaudi"}
-    assert launcher["securityContext"] == {"runAsUser": 0}
+    assert launcher["securityContext"]["runAsUser"] == 0
     assert [v["name"] for v in launcher["volumes"]] == ["tools"]
     (container,) = launcher["containers"]
     assert container["volumeMounts"] == [{"name": "tools", "mountPath": "/opt/tools"}]
@@ -530,3 +626,69 @@ def test_the_mpi_launcher_gets_the_templates_placement_but_not_the_data() -> Non
     assert "hostIPC" not in launcher and "tolerations" not in launcher
     worker_pod = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     assert {v["name"] for v in worker_pod["volumes"]} == {"data", "tools", "dshm"}
+
+
+def test_the_mpi_workers_get_the_writable_dirs_and_the_launcher_does_not() -> None:
+    obj = mpijob({**GAUDI_2X8, "trainer": {"dataset": "cifar10", "dataDir": "/data"}})
+    replicas = obj["spec"]["mpiReplicaSpecs"]
+    worker_pod = replicas["Worker"]["template"]["spec"]
+    launcher = replicas["Launcher"]["template"]["spec"]
+    assert "ddp-data" in {v["name"] for v in worker_pod["volumes"]}
+    assert {"name": "ddp-data", "mountPath": "/data"} in worker_pod["containers"][0]["volumeMounts"]
+    assert launcher["volumes"] == []
+    assert "volumeMounts" not in launcher["containers"][0]
+
+
+def test_the_pod_template_fields_users_know_reach_the_worker() -> None:
+    sidecar = {"name": "proxy", "image": "envoy", "restartPolicy": "Always"}
+    template = {
+        "imagePullSecrets": [{"name": "registry"}],
+        "initContainers": [{"name": "fetch", "image": "busybox"}, sidecar],
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+        ],
+        "runtimeClassName": "nvidia",
+        "terminationGracePeriodSeconds": 60,
+        "hostAliases": [{"ip": "10.0.0.1", "hostnames": ["store"]}],
+        "container": {
+            "envFrom": [{"secretRef": {"name": "wandb"}}],
+            "securityContext": {"readOnlyRootFilesystem": True},
+            "workingDir": "/app",
+            "readinessProbe": {"exec": {"command": ["true"]}},
+        },
+    }
+    pod = worker({"nodes": 2, "template": template})
+    spec, container = pod["spec"], container_of(pod)
+    assert spec["imagePullSecrets"] == [{"name": "registry"}]
+    assert [c["name"] for c in spec["initContainers"]] == ["fetch", "proxy"]
+    assert spec["topologySpreadConstraints"][0]["topologyKey"] == "zone"
+    assert (spec["runtimeClassName"], spec["terminationGracePeriodSeconds"]) == ("nvidia", 60)
+    assert spec["hostAliases"][0]["hostnames"] == ["store"]
+    assert container["envFrom"] == [{"secretRef": {"name": "wandb"}}]
+    assert container["securityContext"] == {"readOnlyRootFilesystem": True}
+    assert container["workingDir"] == "/app"
+    assert container["readinessProbe"] == {"exec": {"command": ["true"]}}
+
+
+def test_gaudi_adds_sys_nice_to_the_users_container_security_context() -> None:
+    context = {"runAsNonRoot": True, "capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]}}
+    pod = worker({**GAUDI_2X8, "template": {"container": {"securityContext": context}}})
+    assert container_of(pod)["securityContext"] == {
+        "runAsNonRoot": True,
+        "capabilities": {"add": ["IPC_LOCK", "SYS_NICE"], "drop": ["ALL"]},
+    }
+
+
+def test_the_mpi_launcher_gets_pull_secrets_and_container_settings_but_no_init() -> None:
+    template = {
+        "imagePullSecrets": [{"name": "registry"}],
+        "initContainers": [{"name": "fetch", "image": "busybox"}],
+        "container": {"envFrom": [{"configMapRef": {"name": "c"}}], "livenessProbe": {}},
+    }
+    obj = mpijob({**GAUDI_2X8, "template": template})
+    launcher = obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    worker_pod = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert launcher["imagePullSecrets"] == [{"name": "registry"}]
+    assert "initContainers" not in launcher and worker_pod["initContainers"]
+    assert launcher["containers"][0]["envFrom"] == [{"configMapRef": {"name": "c"}}]
+    assert "livenessProbe" not in launcher["containers"][0]

@@ -34,9 +34,17 @@ def env(pod: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
 
 
+def image_note(job: str, what: str) -> str:
+    return (
+        f"kube-ddp: {job}: {what} runs in ghcr.io/kube-ddp/ddp-trainer:0.1.0, the operator's "
+        "trainer image (spec.image unset; the operator's --trainer-image, the chart's "
+        "operator.trainerImage)\n"
+    )
+
+
 def test_render_bar_in_ns1(capsys: pytest.CaptureFixture[str], write_job) -> None:
     code, objects, err = render(capsys, write_job(BAR), "--namespace", "ns1")
-    assert (code, err) == (0, "")
+    assert (code, err) == (0, image_note("bar", "the trainer"))
     service = objects[0]
     pods = [o for o in objects if o["kind"] == "Pod"]
     assert [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] == "Service"] == [
@@ -57,7 +65,8 @@ def test_every_example_renders_valid_objects(
     capsys: pytest.CaptureFixture[str], example: Path
 ) -> None:
     code, objects, err = render(capsys, str(example))
-    assert (code, err) == (0, "")
+    assert code == 0
+    assert all(" runs in " in line for line in err.splitlines()), err
     for obj in objects:
         if obj["kind"] == "MPIJob":
             for replica in obj["spec"]["mpiReplicaSpecs"].values():
@@ -161,6 +170,14 @@ def test_render_writes_no_yaml_aliases(capsys: pytest.CaptureFixture[str], examp
     assert not [e for e in events if getattr(e, "anchor", None)]
 
 
+def test_render_says_which_image_a_command_runs_in(
+    capsys: pytest.CaptureFixture[str], write_job
+) -> None:
+    own = BAR + "  command: [python, train.py]\n"
+    assert render(capsys, write_job(own))[2] == image_note("bar", "its command")
+    assert render(capsys, write_job(own + "  image: me/train:1\n"))[2] == ""
+
+
 def test_render_and_operator_name_the_trainer_image_alike(
     capsys: pytest.CaptureFixture[str], write_job
 ) -> None:
@@ -171,3 +188,17 @@ def test_render_and_operator_name_the_trainer_image_alike(
     with pytest.raises(SystemExit):
         main(["operator", "--trainer-image", "x", "--help"])
     assert "--trainer-image" in capsys.readouterr().out
+
+
+def test_render_refuses_what_the_operator_fails_an_mpi_job_with_a_queue(
+    capsys: pytest.CaptureFixture[str], write_job
+) -> None:
+    queued_mpi = BAR.replace(
+        "  name: bar\n", "  name: bar\n  labels: {kueue.x-k8s.io/queue-name: team}\n"
+    ).replace("nvidia, perNode: 8}", "gaudi, perNode: 8}\n  launcher: mpi")
+    code, objects, err = render(capsys, write_job(queued_mpi))
+    assert (code, objects) == (2, [])
+    assert (
+        "metadata.labels.kueue.x-k8s.io/queue-name: the label kueue.x-k8s.io/queue-name is " in err
+    )
+    assert "not supported with launcher mpi yet" in err

@@ -65,7 +65,19 @@ def test_cross_field_rules_are_cel_validations() -> None:
     models += [api.EnvVar, api.Resources, api.PodTemplateOverrides, api.GangPolicy]
     expected = [rule.cel for model in models for rule in model.RULES]
     expected += [rule["rule"] for rule in api.transition_rules()]
+    for model in (api.PodTemplateOverrides, api.ContainerSettings):
+        expected += [f"!has(self.{key})" for key in model.UNSUPPORTED]
     assert sorted(rules) == sorted(expected)
+
+
+def test_unsupported_keys_are_refused_by_a_rule_that_says_why() -> None:
+    template = SPEC["properties"]["template"]
+    messages = {r["rule"]: r["message"] for r in template["x-kubernetes-validations"]}
+    assert messages["!has(self.restartPolicy)"] == (
+        "restartPolicy is not supported: restarts are kube-ddp's, for the whole group: use "
+        "runPolicy.restartPolicy"
+    )
+    assert template["properties"]["restartPolicy"]["type"] == "string"  # CEL must know it
 
 
 def test_live_jobs_keep_their_shape_but_not_their_run_policy() -> None:

@@ -155,6 +155,12 @@ class RestartCase:
 RESTARTS = [
     RestartCase("exit 137", pod(1, "Failed", exit_code=137, reason="Error"), 137, "Error"),
     RestartCase(
+        "exit 75: the trainer's failed download",
+        pod(1, "Failed", exit_code=75, reason="Error"),
+        75,
+        "Error",
+    ),
+    RestartCase(
         "exit 1 listed as retryable",
         pod(1, "Failed", exit_code=1, reason="Error"),
         1,
@@ -270,8 +276,8 @@ def test_failure_message_names_the_pod_and_the_fix() -> None:
     decision = decide(job(running()), [pod(0), pod(1, "Failed", exit_code=1, reason="Error")], NOW)
     failed = next(c for c in decision.status.conditions if c.type == "Failed")
     assert failed.message == (
-        "bar-worker-1 exited with code 1 (Error); exit code 1 is not retryable (codes >= 128 "
-        "and runPolicy.retryableExitCodes are)"
+        "bar-worker-1 exited with code 1 (Error); exit code 1 is not retryable (codes >= 128, 75, "
+        "88 and runPolicy.retryableExitCodes are)"
     )
 
 

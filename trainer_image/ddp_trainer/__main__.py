@@ -1,9 +1,10 @@
-"""`python -m ddp_trainer` / `ddp-train`: parse the options, train, exit 0 / 1 / 2.
+"""`python -m ddp_trainer` / `ddp-train`: parse the options, train, exit with a code that says why.
 
-Exit codes: 0 training completed (or reached --target-accuracy), 1 failed (a clear message for
-bad data, environment or checkpoints; a traceback only for bugs), 2 invalid options, 88
-(`contract.EXIT_PEER_LOST`) a collective timed out or a peer went away, which the operator's
-default rules retry.
+Exit codes (`ddp_trainer.contract`, read by the operator's failure rules): 0 training
+completed (or reached --target-accuracy), 1 bad data, model or checkpoint, 2 invalid options,
+75 a download failed (retried), 78 a path cannot be used (permissions, full disk, missing: fix
+the job's volumes), 88 a collective timed out or a peer went away (retried). Each is one line
+naming what and how to fix it; a traceback only for bugs.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from ddp_trainer.contract import EXIT_PEER_LOST
-from ddp_trainer.errors import TrainerError, is_peer_lost
+from ddp_trainer.errors import TrainerError, is_peer_lost, storage_error
 from ddp_trainer.options import parse_argv
 
 PROG = "ddp-train"
@@ -33,21 +35,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         record(run)(options)
     except TrainerError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     except Exception as exc:
-        if not is_peer_lost(exc):
-            raise
-        print(
-            f"{PROG}: error: {exc}\n{PROG}: a collective timed out or a peer went away: "
-            f"exiting {EXIT_PEER_LOST} so that the group restarts",
-            file=sys.stderr,
-            flush=True,
-        )
-        sys.stdout.flush()
-        # Not sys.exit: gloo's threads abort the interpreter's shutdown (SIGABRT), which would
-        # hide this exit code.
-        os._exit(EXIT_PEER_LOST)
+        if is_peer_lost(exc):
+            _exit_peer_lost(exc)
+        if not isinstance(exc, OSError) or exc.filename is None:
+            raise  # not about a path: a bug, shown with its traceback
+        error = storage_error(exc)
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return error.exit_code
     return 0
+
+
+def _exit_peer_lost(exc: BaseException) -> NoReturn:
+    print(
+        f"{PROG}: error: {exc}\n{PROG}: a collective timed out or a peer went away: "
+        f"exiting {EXIT_PEER_LOST} so that the group restarts",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    # Not sys.exit: gloo's threads abort the interpreter's shutdown (SIGABRT), which would hide
+    # this exit code.
+    os._exit(EXIT_PEER_LOST)
 
 
 if __name__ == "__main__":

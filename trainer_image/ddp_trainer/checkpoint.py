@@ -9,6 +9,7 @@ full disk on another system) is skipped with a warning and the next older one is
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ddp_trainer.errors import storage
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,9 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     if not directory.is_dir():
         return []
     found = []
-    for path in directory.iterdir():
+    with storage(directory, "cannot list checkpoints in"):
+        paths = list(directory.iterdir())
+    for path in paths:
         match = _NAME.match(path.name)
         if match:
             found.append((int(match.group(1)), path))
@@ -40,20 +45,27 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
 
 
 def save_checkpoint(state: dict[str, Any], directory: Path, epoch: int, keep: int) -> Path:
-    """Write `state` as the checkpoint of `epoch`, then remove all but the newest `keep`."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write `state` as the checkpoint of `epoch`, then remove all but the newest `keep`.
+
+    A directory that cannot be written (permissions, a full disk) is a `StorageError`."""
     final = checkpoint_path(directory, epoch)
     temporary = directory / f".{final.name}.{os.getpid()}.tmp"
-    try:
-        with temporary.open("wb") as file:
-            torch.save(state, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, final)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    _fsync_directory(directory)  # the rename itself survives a crash
+    with storage(final, "cannot write the checkpoint"):
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            # Serialised in memory first: torch.save into a file turns a full disk into an
+            # opaque RuntimeError; a plain write says ENOSPC.
+            serialised = io.BytesIO()
+            torch.save(state, serialised)
+            with temporary.open("wb") as file:
+                file.write(serialised.getbuffer())
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, final)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        _fsync_directory(directory)  # the rename itself survives a crash
     for _, old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     for leftover in directory.glob(".checkpoint-epoch-*.tmp"):

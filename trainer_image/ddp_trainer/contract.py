@@ -18,6 +18,16 @@ API_PLURAL: Final = "ddptrainingjobs"
 # --- how a worker runs the trainer ----------------------------------------------------------
 TRAINER_MODULE: Final = "ddp_trainer"  # python -m ddp_trainer
 TRAINER_COMMAND: Final = ("python", "-m", TRAINER_MODULE)
+# The user and group the trainer image runs as (trainer_image/Dockerfile's USER): the
+# operator gives worker pods this fsGroup, so volumes are writable by it.
+IMAGE_UID: Final = 10001
+IMAGE_GID: Final = 10001
+# Its exit codes besides 0 (ddp_trainer.errors): the operator restarts the group for
+# EXIT_TEMPORARY (sysexits' EX_TEMPFAIL) and fails the job for the others.
+EXIT_FAILED: Final = 1  # the data, model or checkpoint is wrong
+EXIT_USAGE: Final = 2  # invalid options
+EXIT_TEMPORARY: Final = 75  # a download failed: a later attempt may succeed
+EXIT_STORAGE: Final = 78  # a path cannot be used (permissions, full disk): fix the job (EX_CONFIG)
 
 # --- the env contract: every worker container gets these ------------------------------------
 MASTER_ADDR: Final = "MASTER_ADDR"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ddp_trainer.errors import TrainerError
+from ddp_trainer.errors import StorageError, TemporaryError, TrainerError, storage
 from ddp_trainer.options import TrainerOptions
 
 
@@ -70,7 +70,8 @@ _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 
 
 def read_idx(path: Path) -> np.ndarray:
     """An IDX file (gzipped or not): big-endian magic 0 0 <type> <ndim>, the sizes, the data."""
-    raw = path.read_bytes()
+    with storage(path, "cannot read"):
+        raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
     if len(raw) < 4 or raw[:2] != b"\0\0" or raw[2] not in _IDX_DTYPES:
@@ -120,7 +121,7 @@ def _find_idx_file(name: str, data_dir: Path, base: str) -> Path:
             if candidate.is_file():
                 return candidate
     looked = ", ".join(str(d) for d in _dataset_dirs(name, data_dir))
-    raise TrainerError(
+    raise StorageError(
         f"{name}: {base}[.gz] not found (looked in {looked}); "
         "mount the dataset there or pass --download"
     )
@@ -139,7 +140,7 @@ def _find_cifar_dir(data_dir: Path) -> Path:
         if (directory / CIFAR_TEST_BATCH).is_file():
             return directory
     looked = ", ".join(str(d) for d in candidates)
-    raise TrainerError(
+    raise StorageError(
         f"cifar10: {CIFAR_TEST_BATCH} not found (looked in {looked}); "
         "mount the python version of CIFAR-10 there or pass --download"
     )
@@ -270,25 +271,36 @@ def fetch_verified(remote: Remote, directory: Path, log: Callable[[str], None] =
     target = directory / remote.name
     if target.is_file() and md5_of(target) == remote.md5:
         return target
-    directory.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".part")
     failures = []
     for mirror in remote.mirrors:
         url = mirror + remote.name
         log(f"downloading {url}")
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response, partial.open("wb") as out:
-                shutil.copyfileobj(response, out, 1 << 20)
-        except OSError as exc:
-            failures.append(f"{url}: {exc}")
-            continue
+        with storage(partial, "cannot write the download to"):
+            directory.mkdir(parents=True, exist_ok=True)
+            out = partial.open("wb")
+        with out:
+            try:
+                with urllib.request.urlopen(url, timeout=60) as response:
+                    while block := response.read(1 << 20):
+                        # a StorageError, which is no OSError: not taken for the network's
+                        with storage(partial, "cannot write the download to"):
+                            out.write(block)
+            except OSError as exc:  # urllib's errors and reads: the mirror's side
+                failures.append(f"{url}: {exc}")
+                continue
         actual = md5_of(partial)
         if actual == remote.md5:
-            partial.replace(target)
+            with storage(target, "cannot write the download to"):
+                partial.replace(target)
             return target
         failures.append(f"{url}: md5 {actual}, expected {remote.md5}")
     partial.unlink(missing_ok=True)
-    raise TrainerError(f"could not download {remote.name}: " + "; ".join(failures))
+    raise TemporaryError(
+        f"could not download {remote.name} into {directory}: "
+        + "; ".join(failures)
+        + " (the job is retried; or put the files there yourself and drop download)"
+    )
 
 
 def download_dataset(options: TrainerOptions, log: Callable[[str], None] = print) -> None:
@@ -303,9 +315,10 @@ def download_dataset(options: TrainerOptions, log: Callable[[str], None] = print
         archive = fetch_verified(CIFAR10_ARCHIVE, directory, log)
         # Unpack beside, then rename: a killed extraction never looks like a complete one.
         unpacking = directory / ".unpacking"
-        shutil.rmtree(unpacking, ignore_errors=True)
-        with tarfile.open(archive) as tar:
-            tar.extractall(unpacking, filter="data")  # no paths outside `unpacking`
-        shutil.rmtree(directory / CIFAR_DIR, ignore_errors=True)
-        (unpacking / CIFAR_DIR).replace(directory / CIFAR_DIR)
-        shutil.rmtree(unpacking)
+        with storage(unpacking, "cannot unpack CIFAR-10 into"):
+            shutil.rmtree(unpacking, ignore_errors=True)
+            with tarfile.open(archive) as tar:
+                tar.extractall(unpacking, filter="data")  # no paths outside `unpacking`
+            shutil.rmtree(directory / CIFAR_DIR, ignore_errors=True)
+            (unpacking / CIFAR_DIR).replace(directory / CIFAR_DIR)
+            shutil.rmtree(unpacking)

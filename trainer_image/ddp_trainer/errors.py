@@ -1,8 +1,81 @@
-"""The one exception the trainer expects: a problem the user can fix, shown without traceback."""
+"""The failures the trainer expects, each shown as one line without a traceback, and the exit
+code that tells the operator whether a restart can help (docs/design.md, "Failure rules").
+
+- `TrainerError` (exit 1): the job's data, model or checkpoint is wrong; restarting will not
+  help.
+- `StorageError` (exit `contract.EXIT_STORAGE`, 78, sysexits' EX_CONFIG): a path the job
+  names cannot be used (permission denied, read-only, full disk, missing): a configuration
+  error in the job's volumes or paths; restarting will not help either, so it is not
+  retryable, but the line says what to change.
+- `TemporaryError` (exit `contract.EXIT_TEMPORARY`, 75, EX_TEMPFAIL): a download failed;
+  the operator restarts the group for it (the network may be back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Iterator
+
+from ddp_trainer import contract
 
 
 class TrainerError(Exception):
-    """Bad data, environment or model: `python -m ddp_trainer` prints the message and exits 1."""
+    """Bad data, environment or model: `python -m ddp_trainer` prints the message and exits."""
+
+    exit_code: int = contract.EXIT_FAILED
+
+
+class StorageError(TrainerError):
+    """A path the job names cannot be read or written: fix the job's volumes or paths."""
+
+    exit_code = contract.EXIT_STORAGE
+
+
+class TemporaryError(TrainerError):
+    """A failure a later attempt may not meet (a download): the operator retries it."""
+
+    exit_code = contract.EXIT_TEMPORARY
+
+
+def _who() -> str:
+    return f"uid {os.getuid()}, gid {os.getgid()}" if hasattr(os, "getuid") else "this user"
+
+
+_FIXES = {
+    errno.EACCES: "permission denied for {who}: mount a volume there the user can write "
+    f"(kube-ddp gives a dataDir or checkpointDir without a volume an emptyDir, and the pod "
+    f"fsGroup {contract.IMAGE_GID}) or choose a writable path",
+    errno.EROFS: "read-only file system: mount a writable volume there or choose another path",
+    errno.ENOSPC: "no space left on the device: give the volume more space (an emptyDir's "
+    "sizeLimit, a larger PersistentVolumeClaim), keep fewer checkpoints (keepCheckpoints) "
+    "or choose another path",
+    errno.ENOENT: "no such file or directory: mount it, or check the path",
+    errno.ENOTDIR: "a part of the path is a file, not a directory: choose another path",
+}
+_FIXES[errno.EPERM] = _FIXES[errno.EACCES]
+_FIXES[errno.EDQUOT] = _FIXES[errno.ENOSPC]
+
+
+def storage_error(exc: OSError, doing: str = "") -> StorageError:
+    """An OSError met on a path, as one line: the path, what went wrong and the fix."""
+    path = exc.filename if exc.filename is not None else "a file"
+    fix = _FIXES.get(exc.errno or 0)
+    what = fix.format(who=_who()) if fix else (exc.strerror or str(exc))
+    return StorageError(f"{doing or 'cannot use'} {path}: {what}")
+
+
+@contextlib.contextmanager
+def storage(path: object, doing: str) -> Iterator[None]:
+    """Run the block; an OSError it meets becomes a `StorageError` naming `path` (or the file
+    the error names, when it names one)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise storage_error(exc, doing) from None
 
 
 # --- a collective that timed out or a peer that went away: not this program's bug ----------

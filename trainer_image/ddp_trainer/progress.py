@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
+from ddp_trainer.errors import storage
+
 
 @dataclass(frozen=True)
 class EpochMetrics:
@@ -43,10 +45,11 @@ def epoch_line(metrics: EpochMetrics) -> str:
 
 def write_summary(path: Path, summary: Summary) -> None:
     """Atomically: a reader polling for the file never sees half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(asdict(summary), indent=2) + "\n")
-    os.replace(temporary, path)
+    with storage(path, "cannot write the summary"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(json.dumps(asdict(summary), indent=2) + "\n")
+        os.replace(temporary, path)
 
 
 class ProgressBar:

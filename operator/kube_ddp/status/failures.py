@@ -126,6 +126,7 @@ def is_retryable(job: DDPTrainingJob, failure: WorkerFailure) -> bool:
     return (
         failure.exit_code >= RETRYABLE_EXIT_CODE
         or failure.peer_lost
+        or failure.exit_code == names.EXIT_TEMPORARY
         or failure.exit_code in policy.retryable_exit_codes
     )
 
@@ -165,7 +166,7 @@ def fail_or_restart(
     else:
         reason = Reason.NON_RETRYABLE_EXIT_CODE
         message = (
-            f"{first.describe()}; exit code {first.exit_code} is not retryable (codes >= 128 "
-            "and runPolicy.retryableExitCodes are)"
+            f"{first.describe()}; exit code {first.exit_code} is not retryable (codes >= 128, "
+            f"{names.EXIT_TEMPORARY}, {names.EXIT_PEER_LOST} and runPolicy.retryableExitCodes are)"
         )
     finish(draft, job, group, "Failed", reason, message)
