@@ -548,68 +548,6 @@ _CEL_BACKEND_FITS = (
 class DDPTrainingJobSpec(Model):
     """A PyTorch DDP training job: N worker pods, each running nprocPerNode processes."""
 
-    RULES = (
-        Rule(
-            cel="!has(self.elastic) || "
-            "(self.elastic.minNodes <= self.nodes && self.nodes <= self.elastic.maxNodes)",
-            message="nodes must lie within elastic.minNodes..elastic.maxNodes",
-            holds=lambda s: (
-                s.elastic is None or s.elastic.min_nodes <= s.nodes <= s.elastic.max_nodes
-            ),
-        ),
-        Rule(
-            cel="!has(self.elastic) || self.launcher != 'mpi'",
-            message="elastic is not supported with launcher mpi: use launcher torchrun "
-            "or remove elastic",
-            holds=lambda s: s.elastic is None or s.launcher != "mpi",
-        ),
-        Rule(
-            cel="!has(self.mpi) || self.launcher == 'mpi'",
-            message="mpi settings are only read with launcher mpi: set launcher: mpi or remove mpi",
-            holds=lambda s: s.mpi is None or s.launcher == "mpi",
-        ),
-        Rule(
-            cel="!has(self.scheduling) || !has(self.scheduling.gang) || "
-            "!has(self.scheduling.gang.minMember) || self.scheduling.gang.minMember <= self.nodes",
-            message="scheduling.gang.minMember must not exceed nodes",
-            holds=lambda s: s.gang_min_member is None or s.gang_min_member <= s.nodes,
-        ),
-        Rule(
-            cel="!has(self.scheduling) || !has(self.scheduling.gang) || self.launcher != 'mpi'",
-            message="scheduling.gang is not supported with launcher mpi yet: use launcher "
-            "torchrun, or the MPI Operator's own gang settings",
-            holds=lambda s: (
-                s.scheduling is None or s.scheduling.gang is None or s.launcher != "mpi"
-            ),
-        ),
-        Rule(
-            cel="!has(self.args) || has(self.command)",
-            message="args needs command: set command to your program, or use trainer "
-            "for the built-in entrypoint",
-            holds=lambda s: s.args is None or s.command is not None,
-        ),
-        Rule(
-            cel="!(has(self.command) && has(self.trainer))",
-            message="set either command (your own program) or trainer (the built-in "
-            "entrypoint's options), not both",
-            holds=lambda s: not (s.command is not None and s.trainer is not None),
-        ),
-        Rule(
-            cel="!has(self.nprocPerNode) || self.accelerator.type == 'cpu' || "
-            "!has(self.accelerator.perNode) || self.nprocPerNode <= self.accelerator.perNode",
-            message="nprocPerNode must not exceed accelerator.perNode: one process per accelerator",
-            holds=_nproc_fits,
-        ),
-        Rule(
-            cel=_CEL_BACKEND_FITS,
-            message="backend {self.backend} does not run on accelerator "
-            "{self.accelerator.type}: use backend auto",
-            message_expression="'backend ' + self.backend + ' does not run on accelerator ' + "
-            "self.accelerator.type + ': use backend auto'",
-            holds=_backend_fits,
-        ),
-    )
-
     nodes: int = Field(ge=1, le=MAX_NODES, description="Worker pods, one per node.")
     accelerator: Accelerator = Field(
         default_factory=Accelerator,
@@ -682,6 +620,69 @@ class DDPTrainingJobSpec(Model):
         default_factory=RunPolicy,
         description="Restarts, deadlines and clean-up.",
         json_schema_extra={"default": {}},
+    )
+
+    # Cross-field rules: each CEL for the API server beside its Python check, one message.
+    RULES = (
+        Rule(
+            cel="!has(self.elastic) || "
+            "(self.elastic.minNodes <= self.nodes && self.nodes <= self.elastic.maxNodes)",
+            message="nodes must lie within elastic.minNodes..elastic.maxNodes",
+            holds=lambda s: (
+                s.elastic is None or s.elastic.min_nodes <= s.nodes <= s.elastic.max_nodes
+            ),
+        ),
+        Rule(
+            cel="!has(self.elastic) || self.launcher != 'mpi'",
+            message="elastic is not supported with launcher mpi: use launcher torchrun "
+            "or remove elastic",
+            holds=lambda s: s.elastic is None or s.launcher != "mpi",
+        ),
+        Rule(
+            cel="!has(self.mpi) || self.launcher == 'mpi'",
+            message="mpi settings are only read with launcher mpi: set launcher: mpi or remove mpi",
+            holds=lambda s: s.mpi is None or s.launcher == "mpi",
+        ),
+        Rule(
+            cel="!has(self.scheduling) || !has(self.scheduling.gang) || "
+            "!has(self.scheduling.gang.minMember) || self.scheduling.gang.minMember <= self.nodes",
+            message="scheduling.gang.minMember must not exceed nodes",
+            holds=lambda s: s.gang_min_member is None or s.gang_min_member <= s.nodes,
+        ),
+        Rule(
+            cel="!has(self.scheduling) || !has(self.scheduling.gang) || self.launcher != 'mpi'",
+            message="scheduling.gang is not supported with launcher mpi yet: use launcher "
+            "torchrun, or the MPI Operator's own gang settings",
+            holds=lambda s: (
+                s.scheduling is None or s.scheduling.gang is None or s.launcher != "mpi"
+            ),
+        ),
+        Rule(
+            cel="!has(self.args) || has(self.command)",
+            message="args needs command: set command to your program, or use trainer "
+            "for the built-in entrypoint",
+            holds=lambda s: s.args is None or s.command is not None,
+        ),
+        Rule(
+            cel="!(has(self.command) && has(self.trainer))",
+            message="set either command (your own program) or trainer (the built-in "
+            "entrypoint's options), not both",
+            holds=lambda s: not (s.command is not None and s.trainer is not None),
+        ),
+        Rule(
+            cel="!has(self.nprocPerNode) || self.accelerator.type == 'cpu' || "
+            "!has(self.accelerator.perNode) || self.nprocPerNode <= self.accelerator.perNode",
+            message="nprocPerNode must not exceed accelerator.perNode: one process per accelerator",
+            holds=_nproc_fits,
+        ),
+        Rule(
+            cel=_CEL_BACKEND_FITS,
+            message="backend {self.backend} does not run on accelerator "
+            "{self.accelerator.type}: use backend auto",
+            message_expression="'backend ' + self.backend + ' does not run on accelerator ' + "
+            "self.accelerator.type + ': use backend auto'",
+            holds=_backend_fits,
+        ),
     )
 
     @field_validator("env")
