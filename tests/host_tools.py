@@ -70,21 +70,31 @@ def require(need_name: str) -> None:
 
 
 SHELLS = frozenset({"sh", "bash"})
-# Shell words that start no program: builtins, and what stands before a command's name.
-SHELL_WORDS = frozenset(
-    {"cd", "echo", "exec", "export", "printf", "set", "shift", "test", "[", "!", "if", "then"}
+# Reserved words stand before a command's name; builtins run no program.
+SHELL_KEYWORDS = frozenset(
+    {"!", "if", "then", "elif", "else", "fi", "while", "until", "do", "done", "esac", "{", "}"}
+)
+SHELL_BUILTINS = frozenset(
+    {"cd", "echo", "exec", "export", "printf", "set", "shift", "test", "[", "read", "break"}
+    | {"continue", "return", "exit", "wait", "trap", "local", "true", "false", ":"}
 )
 COMMAND_SEPARATORS = re.compile(r"&&|\|\||;|\||\n|\$\(|`")
 
 
 def script_commands(script: str) -> set[str]:
-    """The programs a `sh -c` script names: the first word of each simple command that is no
-    builtin, variable or assignment (enough for the short scripts the tests and hack run)."""
+    """The programs a `sh -c` script names: the first word of each simple command, past
+    reserved words, that is no builtin, variable or assignment (enough for the short scripts
+    the tests and hack run)."""
     commands = set()
     for part in COMMAND_SEPARATORS.split(script):
-        words = [w for w in part.split() if "=" not in w.split("/")[0]] or [""]
-        first = words[0].strip("()")
-        if first and first not in SHELL_WORDS and first[0] not in "\"'$\\>&":
+        words = [w.strip("()") for w in part.split() if "=" not in w.split("/")[0]]
+        words = [w for w in words if w]
+        while words and words[0] in SHELL_KEYWORDS:
+            words.pop(0)
+        if words and words[0] in ("for", "case"):  # a list of words, not a command
+            continue
+        first = words[0] if words else ""
+        if first and first not in SHELL_BUILTINS and first[0] not in "\"'$\\>&":
             commands.add(first)
     return commands
 

@@ -91,6 +91,7 @@ BASE = frozenset(
         "openssl",
         "python3",
         "rm",
+        "setpriv",
         "sh",
         "sleep",
         "true",

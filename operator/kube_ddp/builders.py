@@ -249,9 +249,11 @@ def writable_dirs(spec: DDPTrainingJobSpec) -> dict[str, str]:
 
 def pod_security_context(spec: DDPTrainingJobSpec) -> Obj:
     """The template's security context, with fsGroup defaulting to the trainer image's group
-    (and ownership changed only when a volume's root does not match it yet)."""
+    (and ownership changed only when a volume's root does not match it yet). Not with launcher
+    mpi: an fsGroup makes the MPI Operator's ssh key Secret group-readable, and ssh and sshd
+    refuse a private key others can read."""
     context = dict(spec.template.security_context or {})
-    if "fsGroup" not in context:
+    if "fsGroup" not in context and spec.launcher != "mpi":
         context["fsGroup"] = names.TRAINER_IMAGE_GID
         context.setdefault("fsGroupChangePolicy", "OnRootMismatch")
     return context

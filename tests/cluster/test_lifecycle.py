@@ -156,13 +156,15 @@ def test_trainer_reports_progress_with_the_jobs_own_account(
         1234.5,
     )
     printed = cluster.kubectl("get", "ddpjobs", "mine", "-n", jobs.namespace).stdout
-    assert printed.split("\n")[0].split()[:8] == [
+    assert printed.split("\n")[0].split() == [
         "NAME",
         "PHASE",
         "WORKERS",
         "ACCELERATOR",
         "EPOCH",
         "VAL-ACC",
+        "PROGRESS",
+        "ETA",
         "RESTARTS",
         "AGE",
     ]

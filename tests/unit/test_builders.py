@@ -692,3 +692,12 @@ def test_the_mpi_launcher_gets_pull_secrets_and_container_settings_but_no_init()
     assert "initContainers" not in launcher and worker_pod["initContainers"]
     assert launcher["containers"][0]["envFrom"] == [{"configMapRef": {"name": "c"}}]
     assert "livenessProbe" not in launcher["containers"][0]
+
+
+def test_mpi_pods_get_no_default_fsgroup_that_would_open_the_ssh_key() -> None:
+    """An fsGroup makes the MPI Operator's ssh key Secret group-readable (0440), which ssh and
+    sshd refuse as a private key: launcher mpi pods keep only what the template sets."""
+    mpi = {"socketsPerNode": 1, "coresPerProcess": 1}
+    mpijob = build_mpijob(make_job(nodes=2, launcher="mpi", mpi=mpi), 0, SETTINGS)
+    for replica in mpijob["spec"]["mpiReplicaSpecs"].values():
+        assert "fsGroup" not in replica["template"]["spec"].get("securityContext", {})

@@ -72,6 +72,8 @@ def test_every_listed_tool_is_in_a_package_a_path_or_a_name() -> None:
 def test_the_programs_a_shell_script_names_are_recorded_too() -> None:
     script = 'crt=$(cat "$0"/tls.crt) && mount -t tmpfs tmpfs /tmp && exec "$@"'
     assert script_commands(script) == {"cat", "mount"}
+    loop = "while true; do sinfo -h && break; sleep 1; done; case x in y) esac"
+    assert script_commands(loop) == {"sinfo", "sleep"}
     log = CommandLog()
     log("subprocess.Popen", (None, ["unshare", "--mount", "sh", "-c", script, "kueue"], None, None))
     assert log.commands == {"unshare", "cat", "mount"}
