@@ -78,6 +78,7 @@ SHELL_BUILTINS = frozenset(
     {"cd", "echo", "exec", "export", "printf", "set", "shift", "test", "[", "read", "break"}
     | {"continue", "return", "exit", "wait", "trap", "local", "true", "false", ":"}
 )
+REDIRECTION = re.compile(r"\d*(<<?|>>?|<>|>&|<&)")
 COMMAND_SEPARATORS = re.compile(r"&&|\|\||;|\||\n|\$\(|`")
 
 
@@ -89,8 +90,11 @@ def script_commands(script: str) -> set[str]:
     for part in COMMAND_SEPARATORS.split(script):
         words = [w.strip("()") for w in part.split() if "=" not in w.split("/")[0]]
         words = [w for w in words if w]
-        while words and words[0] in SHELL_KEYWORDS:
-            words.pop(0)
+        while words and (words[0] in SHELL_KEYWORDS or REDIRECTION.match(words[0])):
+            # A lone redirection (`< file`, `2> log`) takes the next word as its file.
+            alone = REDIRECTION.fullmatch(words.pop(0))
+            if alone and words:
+                words.pop(0)
         if words and words[0] in ("for", "case"):  # a list of words, not a command
             continue
         first = words[0] if words else ""

@@ -74,6 +74,8 @@ def test_the_programs_a_shell_script_names_are_recorded_too() -> None:
     assert script_commands(script) == {"cat", "mount"}
     loop = "while true; do sinfo -h && break; sleep 1; done; case x in y) esac"
     assert script_commands(loop) == {"sinfo", "sleep"}
+    redirected = "< /etc/hostname read name && 2>/dev/null ls /x && > out tee y; cat <<EOF"
+    assert script_commands(redirected) == {"ls", "tee", "cat"}
     log = CommandLog()
     log("subprocess.Popen", (None, ["unshare", "--mount", "sh", "-c", script, "kueue"], None, None))
     assert log.commands == {"unshare", "cat", "mount"}
