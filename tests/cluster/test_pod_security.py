@@ -12,18 +12,25 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes
 import pytest
 import yaml
 
 from kube_ddp import cli, podsecurity
 from tests.cluster.operator_support import Jobs, OperatorProcess, job_manifest
-from tests.cluster.support import Cluster, fresh_namespace, wait_for
+from tests.cluster.support import (
+    REFUSED,
+    Cluster,
+    enforce,
+    fresh_namespace,
+    server_refusal,
+    wait_for,
+)
 from tests.cluster.test_mpi import CPU_MPI, condition, running_launcher
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,25 +39,6 @@ EXAMPLES = sorted(
     for p in (REPO / "manifests" / "examples").rglob("*.yaml")
     if "kind: DDPTrainingJob" in p.read_text()
 )
-ENFORCE = "pod-security.kubernetes.io/enforce"
-REFUSED = "violates PodSecurity"
-
-
-def enforce(cluster: Cluster, namespace: str, level: str) -> None:
-    """Label `namespace` to enforce `level`, and wait until admission acts on it (it reads
-    namespaces from its informer's cache)."""
-    cluster.core.patch_namespace(
-        namespace, {"metadata": {"labels": {ENFORCE: level, f"{ENFORCE}-version": "latest"}}}
-    )
-    if level == "privileged":
-        return
-    probe = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "probe"},
-        "spec": {"hostPID": True, "containers": [{"name": "c", "image": "x"}]},
-    }
-    wait_for(lambda: server_refusal(cluster, namespace, probe), f"{level} enforced in {namespace}")
 
 
 @pytest.fixture
@@ -72,20 +60,9 @@ def levels(cluster: Cluster) -> Iterator[dict[podsecurity.Level, str]]:
         yield made
 
 
-def server_refusal(cluster: Cluster, namespace: str, pod: dict[str, Any]) -> str | None:
-    """The server's PodSecurity refusal of `pod` as a dry run, or None when it admits it."""
-    try:
-        cluster.core.create_namespaced_pod(namespace, pod, dry_run="All")
-    except kubernetes.client.ApiException as error:
-        message = str(yaml.safe_load(str(error.body)).get("message", error.body))
-        assert error.status == 403 and REFUSED in message, message
-        return message
-    return None
-
-
 def reasons_in(message: str) -> set[str]:
     """The reasons of a PodSecurity refusal: `...: reason (detail), reason (detail)`."""
-    listed = message.split('":', 1)[1] if REFUSED in message else message
+    listed = re.split(rf'{REFUSED} "[^"]*": ', message, maxsplit=1)[-1]
     found, depth, word = set(), 0, ""
     for char in listed:
         depth += {"(": 1, ")": -1}.get(char, 0)
