@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ddp_trainer import contract
 from devcluster.paths import CACHE_DIR, REPO, ClusterError
 from devcluster.processes import run
 
@@ -48,11 +49,11 @@ def _entry(
     mode: int | None = None,
     link: str | None = None,
     directory: bool = False,
-    owner: int = 0,
+    owner: tuple[int, int] = (0, 0),
 ) -> None:
     info = tarfile.TarInfo(name)
     info.mtime = 0
-    info.uid = info.gid = owner
+    info.uid, info.gid = owner
     if directory:
         info.type, info.mode = tarfile.DIRTYPE, 0o755 if mode is None else mode
         tar.addfile(info)
@@ -122,10 +123,11 @@ def _pause_files(binary: Path) -> AddFiles:
 
 # What the trainer image's Dockerfile gives its user and its processes (trainer_image/Dockerfile:
 # useradd --uid 10001 --user-group --create-home --shell /bin/bash trainer, USER, WORKDIR, ENV).
-TRAINER_UID = 10001
+TRAINER_UID = contract.IMAGE_UID
+TRAINER_GID = contract.IMAGE_GID
 TRAINER_HOME = "/home/trainer"
 TRAINER_RUNTIME: dict[str, object] = {
-    "User": f"{TRAINER_UID}:{TRAINER_UID}",
+    "User": f"{TRAINER_UID}:{TRAINER_GID}",
     "WorkingDir": TRAINER_HOME,
     "Env": [f"PATH={PATH}", "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1"],
 }
@@ -135,21 +137,21 @@ def _host_usr_files(tar: tarfile.TarFile) -> None:
     for directory in ("usr", "etc", "root", "proc", "sys", "dev", "run", "var", "home"):
         _entry(tar, directory, directory=True)
     _entry(tar, "tmp", directory=True, mode=0o1777)
-    _entry(tar, TRAINER_HOME.lstrip("/"), directory=True, owner=TRAINER_UID)
+    _entry(tar, TRAINER_HOME.lstrip("/"), directory=True, owner=(TRAINER_UID, TRAINER_GID))
     for name in ("bin", "lib", "lib64", "sbin"):  # Debian 12 is merged-usr
         _entry(tar, name, link=f"usr/{name}")
     _entry(
         tar,
         "etc/passwd",
         data=b"root:x:0:0:root:/root:/bin/sh\n"
-        + f"trainer:x:{TRAINER_UID}:{TRAINER_UID}::{TRAINER_HOME}:/bin/bash\n".encode()
+        + f"trainer:x:{TRAINER_UID}:{TRAINER_GID}::{TRAINER_HOME}:/bin/bash\n".encode()
         # the privilege separation user of the host's sshd, for pods that run it as root
         + b"sshd:x:100:65534::/run/sshd:/usr/sbin/nologin\n",
     )
     _entry(
         tar,
         "etc/group",
-        data=f"root:x:0:\ntrainer:x:{TRAINER_UID}:\nnogroup:x:65534:\n".encode(),
+        data=f"root:x:0:\ntrainer:x:{TRAINER_GID}:\nnogroup:x:65534:\n".encode(),
     )
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddp_trainer import contract
 from tests.cluster.support import REPO, Cluster, enforce
 
 JobSpec = Callable[[dict[str, Any]], dict[str, Any]]  # a job's spec, completed for the platform
@@ -85,6 +86,15 @@ class Platform:
 class DevPlatform(Platform):
     # The host's directories every worker mounts read-only, by volume name.
     mounts: dict[str, Path] = field(default_factory=dict)
+
+    def scratch_volume(self, name: str, namespace: str) -> dict[str, Any]:
+        """Made here (the node is this machine) and owned by the image's user: the kubelet
+        would make a hostPath directory root's, and fsGroup does not reach hostPath."""
+        volume = super().scratch_volume(name, namespace)
+        path = Path(volume["hostPath"]["path"])
+        path.mkdir(parents=True, exist_ok=True)
+        os.chown(path, contract.IMAGE_UID, contract.IMAGE_GID)
+        return volume
 
     @contextmanager
     def restricted(self, namespace: str) -> Iterator[JobSpec]:
