@@ -146,10 +146,15 @@ def test_a_gaudi_job_is_refused_by_the_server_as_render_says(
     code, said = render_check(path, "restricted")
     assert code == cli.EXIT_POD_SECURITY
     assert "host namespaces (hostIPC=true)" in said
-    Jobs(cluster, restricted).create(gaudi)
-    refusal = wait_for(
-        lambda: next((line for line in operator.log().splitlines() if REFUSED in line), None),
-        "the server's refusal of the Gaudi worker",
-    )
-    assert "host namespaces" in refusal and "unrestricted capabilities" in refusal
-    assert not Jobs(cluster, restricted).pods("hpu")
+    jobs = Jobs(cluster, restricted)
+    jobs.create(gaudi)
+
+    def refusal() -> str | None:
+        """The server's words, in the operator's log or in an Event on the job."""
+        events = cluster.core.list_namespaced_event(restricted).items
+        said = [*operator.log().splitlines(), *(e.message or "" for e in events)]
+        return next((line for line in said if REFUSED in line), None)
+
+    refused = wait_for(refusal, "the server's refusal of the Gaudi worker")
+    assert "host namespaces" in refused and "unrestricted capabilities" in refused
+    assert not jobs.pods("hpu")
