@@ -275,7 +275,7 @@ def _runs_as_root(spec: DDPTrainingJobSpec) -> bool:
     contexts = [
         template.security_context or {},
         template.container.security_context or {},
-        *((c.get("securityContext") or {}) for c in template.init_containers),
+        *(c.get("securityContext") or {} for c in template.init_containers),
     ]
     return any(c.get("runAsUser") == 0 for c in contexts)
 

@@ -155,3 +155,12 @@ def test_render_says_which_level_each_example_meets(
     else:
         assert "meet the restricted Pod Security Standard" in said
         assert main(["render", str(example), "--pod-security", "restricted"]) == 0
+
+
+def test_an_init_container_that_runs_as_root_drops_run_as_non_root_too() -> None:
+    """A root init container (a chown before training) would be stopped by runAsNonRoot."""
+    init = {"name": "chown", "image": "busybox", "securityContext": {"runAsUser": 0}}
+    (pod, _) = pods(nodes=2, template={"initContainers": [init]})
+    assert "runAsNonRoot" not in pod.spec["securityContext"]
+    assert pod.spec["initContainers"][0]["securityContext"]["runAsUser"] == 0
+    assert pod.spec["initContainers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
