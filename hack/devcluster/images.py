@@ -5,6 +5,9 @@
   /sbin point into /usr, plus /etc/passwd and /etc/group. A pod that mounts the host's /usr
   (and the Python installation and the repository, read-only) runs the project's own .venv:
   the trainer's torch is several GB, far too heavy to build into an image on every machine.
+  It stands in for the trainer image (trainer_image/Dockerfile) in what a pod can tell: the
+  user `trainer` (uid and gid 10001, a login shell, home /home/trainer) it runs as, its
+  working directory and environment, and a /tmp every user can write.
 
 Each is written as an OCI image archive (one uncompressed layer) and imported into the node's
 containerd with `ctr images import`.
@@ -26,6 +29,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ddp_trainer import contract
 from devcluster.paths import CACHE_DIR, REPO, ClusterError
 from devcluster.processes import run
 
@@ -42,20 +46,22 @@ def _entry(
     name: str,
     *,
     data: bytes = b"",
-    mode: int = 0o644,
+    mode: int | None = None,
     link: str | None = None,
     directory: bool = False,
+    owner: tuple[int, int] = (0, 0),
 ) -> None:
     info = tarfile.TarInfo(name)
     info.mtime = 0
+    info.uid, info.gid = owner
     if directory:
-        info.type, info.mode = tarfile.DIRTYPE, 0o755
+        info.type, info.mode = tarfile.DIRTYPE, 0o755 if mode is None else mode
         tar.addfile(info)
     elif link is not None:
         info.type, info.linkname, info.mode = tarfile.SYMTYPE, link, 0o777
         tar.addfile(info)
     else:
-        info.size, info.mode = len(data), mode
+        info.size, info.mode = len(data), 0o644 if mode is None else mode
         tar.addfile(info, io.BytesIO(data))
 
 
@@ -66,8 +72,15 @@ def _layer(add_files: AddFiles) -> bytes:
     return buffer.getvalue()
 
 
-def write_oci_archive(name: str, add_files: AddFiles, command: list[str], out: Path) -> None:
-    """An OCI image layout archive of one layer, named `name` for `ctr images import`."""
+def write_oci_archive(
+    name: str,
+    add_files: AddFiles,
+    command: list[str],
+    out: Path,
+    runtime: dict[str, object] | None = None,
+) -> None:
+    """An OCI image layout archive of one layer, named `name` for `ctr images import`;
+    `runtime` adds to its config (User, WorkingDir, Env)."""
     layer = _layer(add_files)
     blobs: dict[str, bytes] = {}
 
@@ -80,7 +93,7 @@ def write_oci_archive(name: str, add_files: AddFiles, command: list[str], out: P
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Cmd": command, "Env": [f"PATH={PATH}"]},
+        "config": {"Cmd": command, "Env": [f"PATH={PATH}"], **(runtime or {})},
         "rootfs": {"type": "layers", "diff_ids": [layer_descriptor["digest"]]},
     }
     manifest = {
@@ -108,20 +121,38 @@ def _pause_files(binary: Path) -> AddFiles:
     return add
 
 
+# What the trainer image's Dockerfile gives its user and its processes (trainer_image/Dockerfile:
+# useradd --uid 10001 --user-group --create-home --shell /bin/bash trainer, USER, WORKDIR, ENV).
+TRAINER_UID = contract.IMAGE_UID
+TRAINER_GID = contract.IMAGE_GID
+TRAINER_HOME = "/home/trainer"
+TRAINER_RUNTIME: dict[str, object] = {
+    "User": f"{TRAINER_UID}:{TRAINER_GID}",
+    "WorkingDir": TRAINER_HOME,
+    "Env": [f"PATH={PATH}", "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1"],
+}
+
+
 def _host_usr_files(tar: tarfile.TarFile) -> None:
-    for directory in ("usr", "etc", "tmp", "root", "proc", "sys", "dev", "run", "var"):
+    for directory in ("usr", "etc", "root", "proc", "sys", "dev", "run", "var", "home"):
         _entry(tar, directory, directory=True)
+    _entry(tar, "tmp", directory=True, mode=0o1777)
+    _entry(tar, TRAINER_HOME.lstrip("/"), directory=True, owner=(TRAINER_UID, TRAINER_GID))
     for name in ("bin", "lib", "lib64", "sbin"):  # Debian 12 is merged-usr
         _entry(tar, name, link=f"usr/{name}")
     _entry(
         tar,
         "etc/passwd",
         data=b"root:x:0:0:root:/root:/bin/sh\n"
-        b"kubeddp:x:10001:10001::/tmp:/usr/sbin/nologin\n"
-        # the privilege separation user of the host's sshd, which MPI workers run as root
-        b"sshd:x:100:65534::/run/sshd:/usr/sbin/nologin\n",
+        + f"trainer:x:{TRAINER_UID}:{TRAINER_GID}::{TRAINER_HOME}:/bin/bash\n".encode()
+        # the privilege separation user of the host's sshd, for pods that run it as root
+        + b"sshd:x:100:65534::/run/sshd:/usr/sbin/nologin\n",
     )
-    _entry(tar, "etc/group", data=b"root:x:0:\nkubeddp:x:10001:\nnogroup:x:65534:\n")
+    _entry(
+        tar,
+        "etc/group",
+        data=f"root:x:0:\ntrainer:x:{TRAINER_GID}:\nnogroup:x:65534:\n".encode(),
+    )
 
 
 def build_pause(work: Path) -> Path:
@@ -137,12 +168,12 @@ def import_images(ctr: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="kube-ddp-images-") as scratch:
         work = Path(scratch)
         archives = {
-            PAUSE_IMAGE: (_pause_files(build_pause(work)), ["/pause"]),
-            HOST_USR_IMAGE: (_host_usr_files, ["/bin/sh"]),
+            PAUSE_IMAGE: (_pause_files(build_pause(work)), ["/pause"], None),
+            HOST_USR_IMAGE: (_host_usr_files, ["/bin/sh"], TRAINER_RUNTIME),
         }
-        for name, (add_files, command) in archives.items():
+        for name, (add_files, command, runtime) in archives.items():
             out = work / (name.split("/")[-1].replace(":", "-") + ".tar")
-            write_oci_archive(name, add_files, command, out)
+            write_oci_archive(name, add_files, command, out, runtime)
             run(*ctr, "images", "import", str(out), what=f"importing {name}")
 
 

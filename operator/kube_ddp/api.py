@@ -378,8 +378,10 @@ class ContainerSettings(Model):
     )
     security_context: FreeForm | None = Field(
         None,
-        description="Container security context (Kubernetes SecurityContext); on gaudi, "
-        "SYS_NICE is added to its capabilities.",
+        description="Container security context (Kubernetes SecurityContext), merged over "
+        "kube-ddp's defaults allowPrivilegeEscalation: false and capabilities.drop: [ALL] "
+        "(the restricted Pod Security Standard); on gaudi, SYS_NICE is added to its "
+        "capabilities.",
     )
     working_dir: str | None = Field(
         None, min_length=1, description="Working directory; the image's when unset."
@@ -432,8 +434,10 @@ class PodTemplateOverrides(Model):
     service_account_name: str | None = Field(None, description="ServiceAccount for worker pods.")
     security_context: FreeForm | None = Field(
         None,
-        description="Pod security context (Kubernetes PodSecurityContext); fsGroup defaults "
-        f"to {names.TRAINER_IMAGE_GID}, the trainer image's group.",
+        description="Pod security context (Kubernetes PodSecurityContext), merged over "
+        "kube-ddp's defaults runAsNonRoot: true (left out when runAsUser is 0) and "
+        "seccompProfile RuntimeDefault (the restricted Pod Security Standard); fsGroup "
+        f"defaults to {names.TRAINER_IMAGE_GID}, the trainer image's group.",
     )
     image_pull_secrets: list[FreeForm] = Field(
         default_factory=list,

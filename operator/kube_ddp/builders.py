@@ -23,6 +23,13 @@ SHM_VOLUME = "dshm"
 # Intel Gaudi needs host IPC, huge pages and SYS_NICE (Habana's own job examples).
 GAUDI_HUGEPAGES = "9500Mi"
 GAUDI_MEMORY_REQUEST = "32Gi"  # huge pages are only accepted next to a cpu or memory request
+# What the `restricted` Pod Security Standard asks of a pod and of each of its containers
+# (kube_ddp.podsecurity): every pod gets these, the template's own settings merged over them.
+RESTRICTED_POD_CONTEXT: Obj = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER_CONTEXT: Obj = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 
 @dataclass(frozen=True)
@@ -248,15 +255,40 @@ def writable_dirs(spec: DDPTrainingJobSpec) -> dict[str, str]:
 
 
 def pod_security_context(spec: DDPTrainingJobSpec) -> Obj:
-    """The template's security context, with fsGroup defaulting to the trainer image's group
-    (and ownership changed only when a volume's root does not match it yet). Not with launcher
-    mpi: an fsGroup makes the MPI Operator's ssh key Secret group-readable, and ssh and sshd
-    refuse a private key others can read."""
-    context = dict(spec.template.security_context or {})
+    """The template's security context over the restricted defaults, with fsGroup defaulting
+    to the trainer image's group (and ownership changed only when a volume's root does not
+    match it yet). Not with launcher mpi: an fsGroup makes the MPI Operator's ssh key Secret
+    group-readable, and ssh and sshd refuse a private key others can read. A template that
+    runs a container as root (runAsUser 0) does not get runAsNonRoot, which would stop it."""
+    own = dict(spec.template.security_context or {})
+    context = {**RESTRICTED_POD_CONTEXT, **own}
+    if _runs_as_root(spec) and "runAsNonRoot" not in own:
+        del context["runAsNonRoot"]
     if "fsGroup" not in context and spec.launcher != "mpi":
         context["fsGroup"] = names.TRAINER_IMAGE_GID
         context.setdefault("fsGroupChangePolicy", "OnRootMismatch")
     return context
+
+
+def _runs_as_root(spec: DDPTrainingJobSpec) -> bool:
+    template = spec.template
+    contexts = [
+        template.security_context or {},
+        template.container.security_context or {},
+        *(c.get("securityContext") or {} for c in template.init_containers),
+    ]
+    return any(c.get("runAsUser") == 0 for c in contexts)
+
+
+def container_security_context(own: Obj | None) -> Obj:
+    """A container's securityContext: its own over the restricted defaults (capabilities
+    key by key, so that adding one keeps drop: [ALL])."""
+    own = dict(own or {})
+    capabilities = {
+        **RESTRICTED_CONTAINER_CONTEXT["capabilities"],
+        **(own.get("capabilities") or {}),
+    }
+    return {**RESTRICTED_CONTAINER_CONTEXT, **own, "capabilities": capabilities}
 
 
 def _container(
@@ -288,28 +320,29 @@ def _container(
         # DataLoader workers and NCCL/HCCL share tensors through /dev/shm; 64Mi is too small.
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
     container["volumeMounts"] = mounts
-    container.update(container_settings(spec, probes=True))
+    container.update(container_settings(spec, worker=True))
     return container
 
 
-def container_settings(spec: DDPTrainingJobSpec, *, probes: bool) -> Obj:
-    """template.container's fields (the MPI launcher takes no probes or hooks), and the
-    accelerator's capability merged into its securityContext."""
+def container_settings(spec: DDPTrainingJobSpec, *, worker: bool) -> Obj:
+    """template.container's fields and, in a worker, the accelerator's capability merged into
+    its securityContext (the MPI launcher takes no probes or hooks, and runs no accelerator
+    code: it keeps the restricted capabilities)."""
     settings = spec.template.container
     fields: Obj = {
         "envFrom": settings.env_from or None,
         "workingDir": settings.working_dir,
-        "securityContext": dict(settings.security_context or {}) or None,
+        "securityContext": container_security_context(settings.security_context),
     }
-    if probes:
+    if worker:
         fields |= {
             "lifecycle": settings.lifecycle,
             "livenessProbe": settings.liveness_probe,
             "readinessProbe": settings.readiness_probe,
             "startupProbe": settings.startup_probe,
         }
-    if spec.accelerator.type == "gaudi":
-        context = fields["securityContext"] or {}
+    if worker and spec.accelerator.type == "gaudi":
+        context = fields["securityContext"]
         capabilities = dict(context.get("capabilities") or {})
         added = list(capabilities.get("add") or [])
         capabilities["add"] = added if "SYS_NICE" in added else [*added, "SYS_NICE"]
@@ -342,7 +375,11 @@ def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
         pod["hostIPC"] = True
     optional = {
         "imagePullSecrets": template.image_pull_secrets or None,
-        "initContainers": template.init_containers or None,
+        "initContainers": [
+            {**c, "securityContext": container_security_context(c.get("securityContext"))}
+            for c in template.init_containers
+        ]
+        or None,
         "nodeSelector": template.node_selector or None,
         "affinity": template.affinity,
         "priorityClassName": template.priority_class_name,
@@ -593,7 +630,7 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
         "command": mpirun_command(job),
         "env": env,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        **container_settings(spec, probes=False),
+        **container_settings(spec, worker=False),
     }
     worker_pod = _pod_spec(job, [worker])
     del worker_pod["restartPolicy"]  # the replica's restartPolicy is the MPIJob's field for it

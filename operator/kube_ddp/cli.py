@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from kube_ddp import clusterview
+from kube_ddp import clusterview, podsecurity
 from kube_ddp.builders import BuildSettings, build_children
 from kube_ddp.config import LeaseSettings, OperatorConfig, default_namespace
 from kube_ddp.crd import custom_resource_definition
@@ -19,6 +19,7 @@ from kube_ddp.jobfile import InputError, read_jobs
 from kube_ddp.local import command as local_command
 
 EXIT_USAGE = 2
+EXIT_POD_SECURITY = 1  # render --pod-security: a pod does not meet the level
 DEFAULTS = OperatorConfig()
 LOG_FORMATS = ("full", "json", "plain")  # kopf.LogFormat's members, lower-cased
 
@@ -42,9 +43,10 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_render(args: argparse.Namespace) -> int:
     settings = BuildSettings(trainer_image=args.trainer_image)
     jobs = read_jobs(args.file, args.namespace)
-    objects = [
-        obj for job in jobs for obj in build_children(job, attempt=args.attempt, settings=settings)
-    ]
+    rendered = {
+        job.name: build_children(job, attempt=args.attempt, settings=settings) for job in jobs
+    }
+    refused = False
     for job in jobs:
         if job.spec.image is None:
             what = "its command" if job.spec.command is not None else "the trainer"
@@ -54,8 +56,39 @@ def cmd_render(args: argparse.Namespace) -> int:
                 "operator.trainerImage)",
                 file=sys.stderr,
             )
-    sys.stdout.write(dump_yaml(objects))
+        pods = podsecurity.rendered_pods(rendered[job.name])
+        print(f"kube-ddp: {job.name}: {pod_security_summary(pods)}", file=sys.stderr)
+        if args.pod_security is not None:
+            for pod in pods:
+                found = podsecurity.violations(pod.metadata, pod.spec, args.pod_security)
+                if found:
+                    refused = True
+                    print(
+                        f"kube-ddp: {pod.name} violates PodSecurity "
+                        f'"{args.pod_security}:latest": ' + ", ".join(map(str, found)),
+                        file=sys.stderr,
+                    )
+    if refused:
+        return EXIT_POD_SECURITY
+    sys.stdout.write(dump_yaml([obj for objects in rendered.values() for obj in objects]))
     return 0
+
+
+def pod_security_summary(pods: list[podsecurity.RenderedPod]) -> str:
+    """Which Pod Security Standard level a job's pods meet, and what keeps them from the next."""
+    met = min(
+        (podsecurity.level_met(p.metadata, p.spec) for p in pods),
+        key=podsecurity.LEVELS.index,
+        default="restricted",
+    )
+    said = f"its pods meet the {met} Pod Security Standard"
+    if met == "restricted":
+        return said
+    stricter = podsecurity.LEVELS[podsecurity.LEVELS.index(met) + 1]
+    reasons = dict.fromkeys(
+        str(v) for p in pods for v in podsecurity.violations(p.metadata, p.spec, stricter)
+    )
+    return f"{said}, not {stricter}: " + ", ".join(reasons)
 
 
 def _lease_settings(args: argparse.Namespace) -> LeaseSettings | None:
@@ -127,6 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_trainer_image(render)
     render.add_argument(
         "--attempt", type=int, default=0, help="the group restart count to render (default 0)"
+    )
+    render.add_argument(
+        "--pod-security",
+        choices=podsecurity.LEVELS,
+        metavar="LEVEL",
+        help="check every pod against this Pod Security Standard level (privileged, baseline, "
+        "restricted), as the API server's PodSecurity admission does; exit 1 and no output "
+        "when one fails",
     )
     render.set_defaults(run=cmd_render)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
 import subprocess
@@ -162,3 +163,38 @@ def pod_manifest(
 
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+# The API server's PodSecurity admission: the namespace label it enforces, and its refusals.
+ENFORCE = "pod-security.kubernetes.io/enforce"
+REFUSED = "violates PodSecurity"
+
+
+def enforce(cluster: Cluster, namespace: str, level: str) -> None:
+    """Label `namespace` to enforce `level`, and wait until admission acts on it (it reads
+    namespaces from its informer's cache)."""
+    cluster.core.patch_namespace(
+        namespace, {"metadata": {"labels": {ENFORCE: level, f"{ENFORCE}-version": "latest"}}}
+    )
+    if level == "privileged":
+        return
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "probe"},
+        "spec": {"hostPID": True, "containers": [{"name": "c", "image": "x"}]},
+    }
+    wait_for(lambda: server_refusal(cluster, namespace, probe), f"{level} enforced in {namespace}")
+
+
+def server_refusal(cluster: Cluster, namespace: str, pod: dict[str, Any]) -> str | None:
+    """The server's PodSecurity refusal of `pod` as a dry run of what `kubectl create` sends,
+    or None when it admits it."""
+    done = cluster.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-",
+        stdin=json.dumps(pod), check=False,
+    )  # fmt: skip
+    if done.returncode == 0:
+        return None
+    assert REFUSED in done.stderr, done.stderr
+    return done.stderr.strip()

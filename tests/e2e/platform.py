@@ -5,8 +5,14 @@
   digest of its sources). No image registry can be reached and a trainer image is 6 GB (PyPI's
   torch is the CUDA build), so the workers run the tiny `localhost/hostusr:local` image with
   the host's /usr (and /etc/alternatives, through which Debian links commands), its Python
-  and this repository (with its .venv) mounted read-only: the same code as the tests. They run
-  as root because the host's Python lives under /root (0700).
+  and this repository (with its .venv) mounted read-only: the same code as the tests. The
+  image stands in for the trainer image's user (uid 10001, home and working directory
+  /home/trainer, hack/devcluster/images.py), so the workers run as that user, non-root, as
+  they would from the real image: the host's /root is 0700, but only the Python installation
+  below it is mounted, at the same path under the image's own /root (0755).
+  In a namespace that enforces the `restricted` Pod Security Standard (`Platform.restricted`),
+  which refuses hostPath volumes in a pod, the same directories come through
+  PersistentVolumeClaims bound to read-only hostPath PersistentVolumes made for the namespace.
 - `ExternalPlatform`: any cluster with a real node, given by KUBEDDP_E2E_KUBECONFIG, running the
   project's own images (KUBEDDP_E2E_OPERATOR_IMAGE, KUBEDDP_E2E_TRAINER_IMAGE), e.g. kind in
   the GitHub workflow. KUBEDDP_E2E_NODE_EXEC (e.g. `docker exec kind-worker`) lets a test
@@ -21,12 +27,16 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.support import REPO, Cluster
+from ddp_trainer import contract
+from tests.cluster.support import REPO, Cluster, enforce
 
+JobSpec = Callable[[dict[str, Any]], dict[str, Any]]  # a job's spec, completed for the platform
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -64,9 +74,77 @@ class Platform:
         container's PID 1 ignores SIGKILL sent from inside its own PID namespace)."""
         raise NotImplementedError
 
+    @contextmanager
+    def restricted(self, namespace: str) -> Iterator[JobSpec]:
+        """`namespace` enforcing the restricted Pod Security Standard; yields the job_spec for
+        it."""
+        enforce(self.cluster, namespace, "restricted")
+        yield self.job_spec
+
 
 @dataclass
 class DevPlatform(Platform):
+    # The host's directories every worker mounts read-only, by volume name.
+    mounts: dict[str, Path] = field(default_factory=dict)
+
+    def scratch_volume(self, name: str, namespace: str) -> dict[str, Any]:
+        """Made here (the node is this machine) and owned by the image's user: the kubelet
+        would make a hostPath directory root's, and fsGroup does not reach hostPath."""
+        volume = super().scratch_volume(name, namespace)
+        path = Path(volume["hostPath"]["path"])
+        path.mkdir(parents=True, exist_ok=True)
+        os.chown(path, contract.IMAGE_UID, contract.IMAGE_GID)
+        return volume
+
+    @contextmanager
+    def restricted(self, namespace: str) -> Iterator[JobSpec]:
+        """The host's directories through claims: a PersistentVolume (hostPath, read-only,
+        bound to its claim ahead) per directory, removed with the namespace's claims."""
+        enforce(self.cluster, namespace, "restricted")
+        core = self.cluster.core
+        size = {"storage": "1Gi"}
+        made = []
+        try:
+            for name, path in self.mounts.items():
+                volume = f"{namespace}-{name}"
+                core.create_persistent_volume(
+                    {
+                        "metadata": {"name": volume, "labels": {"kubeddp.io/test": "true"}},
+                        "spec": {
+                            "capacity": size,
+                            "accessModes": ["ReadOnlyMany"],
+                            "storageClassName": "",
+                            "hostPath": {"path": str(path), "type": "Directory"},
+                            "claimRef": {"namespace": namespace, "name": name},
+                        },
+                    }
+                )
+                made.append(volume)
+                core.create_namespaced_persistent_volume_claim(
+                    namespace,
+                    {
+                        "metadata": {"name": name},
+                        "spec": {
+                            "accessModes": ["ReadOnlyMany"],
+                            "storageClassName": "",
+                            "volumeName": volume,
+                            "resources": {"requests": size},
+                        },
+                    },
+                )
+            claims = [
+                {"name": n, "persistentVolumeClaim": {"claimName": n, "readOnly": True}}
+                for n in self.mounts
+            ]
+            overrides = {
+                **self.job_overrides,
+                "template": {**self.job_overrides["template"], "volumes": claims},
+            }
+            yield lambda spec: _merge(overrides, spec)
+        finally:
+            for volume in made:  # gone once its claim goes with the namespace
+                core.delete_persistent_volume(volume)
+
     def kill(self, pod: Any) -> None:
         container_id = pod.status.container_statuses[0].container_id.split("://")[-1]
         sys.path.insert(0, str(REPO / "hack"))
@@ -121,7 +199,6 @@ def dev_platform(cluster: Cluster, helm: Path) -> DevPlatform:
             **on_real_node,
             "volumes": volumes,
             "volumeMounts": volume_mounts,
-            "securityContext": {"runAsUser": 0},
         },
     }
     # The operator runs from its own image, built from the Dockerfile (devcluster.images).
@@ -133,7 +210,7 @@ def dev_platform(cluster: Cluster, helm: Path) -> DevPlatform:
         *("--set-json", f"nodeSelector={json.dumps(on_real_node['nodeSelector'])}"),
         *("--set-json", f"tolerations={json.dumps(on_real_node['tolerations'])}"),
     ]
-    return DevPlatform(cluster, helm, job_overrides, helm_args)
+    return DevPlatform(cluster, helm, job_overrides, helm_args, mounts)
 
 
 def external_platform(cluster: Cluster, helm: Path) -> ExternalPlatform:

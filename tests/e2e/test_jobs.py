@@ -111,6 +111,23 @@ def test_two_workers_train_to_the_target(platform: Platform, jobs: Jobs) -> None
     assert env["MASTER_ADDR"] == names.master_addr("digits", jobs.namespace)
 
 
+def test_a_job_trains_in_a_namespace_that_enforces_restricted(
+    platform: Platform, jobs: Jobs
+) -> None:
+    """Issue 28: the API server's PodSecurity admission enforces `restricted` in the job's
+    namespace; kube-ddp's pods pass it as they are (non-root: the kubelet checks runAsNonRoot
+    against the image's user) and train to Succeeded."""
+    trainer = {**DIGITS, "model": "mlp", "epochs": 40, "targetAccuracy": 0.9, "patience": 2}
+    with platform.restricted(jobs.namespace) as job_spec:
+        jobs.create(job_manifest("hardened", **job_spec({"nodes": 2, "trainer": trainer})))
+        status = jobs.wait_phase("hardened", "Succeeded", timeout=TRAINING_TIMEOUT)
+    assert status["restarts"] == 0, status.get("failure")
+    assert status["training"]["valAccuracy"] >= 0.9
+    pod = jobs.cluster.core.read_namespaced_pod("hardened-worker-0", jobs.namespace)
+    assert pod.spec.security_context.run_as_non_root is True
+    assert "world_size=2" in logs(jobs, "hardened-worker-0")
+
+
 def test_a_killed_rank_restarts_the_group_which_resumes(platform: Platform, jobs: Jobs) -> None:
     """Scenario 3: a worker's trainer is SIGKILLed mid-training: exit 137, one group restart,
     and the new attempt resumes from the checkpoint the first one wrote."""
@@ -264,10 +281,7 @@ def test_the_own_script_example_trains_under_kube_ddps_torchrun(
         "-n", jobs.namespace,
     )  # fmt: skip
     document = yaml.safe_load((example / "job.yaml").read_text())
-    # The stand-in image has no WORKDIR; the trainer image's is /home/trainer.
-    spec = platform.job_spec(document["spec"])
-    spec["template"]["container"] = {"workingDir": "/home/trainer"}
-    jobs.create({**document, "spec": spec})
+    jobs.create({**document, "spec": platform.job_spec(document["spec"])})
     status = jobs.wait_phase("own-script", "Succeeded", timeout=TRAINING_TIMEOUT)
     assert status["restarts"] == 0, status.get("failure")
     said = logs(jobs, "own-script-worker-0") + logs(jobs, "own-script-worker-1")

@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from kube_ddp import names
-from kube_ddp.builders import BuildSettings, build_children, build_mpijob, build_worker_pod
+from kube_ddp.builders import (
+    RESTRICTED_CONTAINER_CONTEXT,
+    RESTRICTED_POD_CONTEXT,
+    BuildSettings,
+    build_children,
+    build_mpijob,
+    build_worker_pod,
+)
 from tests.unit.support import make_job, validate_strict
 
 SETTINGS = BuildSettings(trainer_image="registry.example/trainer:1")
@@ -226,7 +233,10 @@ def test_gaudi_defaults() -> None:
     pod = worker(GAUDI_2X8)
     container = container_of(pod)
     assert pod["spec"]["hostIPC"] is True
-    assert container["securityContext"] == {"capabilities": {"add": ["SYS_NICE"]}}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": ["SYS_NICE"]},
+    }
     assert container["resources"] == {
         "limits": {"habana.ai/gaudi": 8, "hugepages-2Mi": "9500Mi"},
         "requests": {"habana.ai/gaudi": 8, "hugepages-2Mi": "9500Mi", "memory": "32Gi"},
@@ -285,6 +295,7 @@ def test_template_is_merged_and_operator_fields_are_kept() -> None:
     assert spec["schedulerName"] == "volcano"
     assert spec["serviceAccountName"] == "trainer"
     assert spec["securityContext"] == {
+        **RESTRICTED_POD_CONTEXT,
         "runAsUser": 1000,
         "fsGroup": names.TRAINER_IMAGE_GID,
         "fsGroupChangePolicy": "OnRootMismatch",
@@ -335,7 +346,7 @@ def test_own_command_gets_no_emptydir_and_own_fsgroup_is_kept() -> None:
     }
     pod = worker(spec)
     assert set(_mounts(pod)) == {"/dev/shm"}
-    assert pod["spec"]["securityContext"] == {"fsGroup": 2000}
+    assert pod["spec"]["securityContext"] == {**RESTRICTED_POD_CONTEXT, "fsGroup": 2000}
 
 
 def test_own_dev_shm_mount_replaces_ours() -> None:
@@ -665,7 +676,10 @@ def test_the_pod_template_fields_users_know_reach_the_worker() -> None:
     assert (spec["runtimeClassName"], spec["terminationGracePeriodSeconds"]) == ("nvidia", 60)
     assert spec["hostAliases"][0]["hostnames"] == ["store"]
     assert container["envFrom"] == [{"secretRef": {"name": "wandb"}}]
-    assert container["securityContext"] == {"readOnlyRootFilesystem": True}
+    assert container["securityContext"] == {
+        **RESTRICTED_CONTAINER_CONTEXT,
+        "readOnlyRootFilesystem": True,
+    }
     assert container["workingDir"] == "/app"
     assert container["readinessProbe"] == {"exec": {"command": ["true"]}}
 
@@ -674,6 +688,7 @@ def test_gaudi_adds_sys_nice_to_the_users_container_security_context() -> None:
     context = {"runAsNonRoot": True, "capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]}}
     pod = worker({**GAUDI_2X8, "template": {"container": {"securityContext": context}}})
     assert container_of(pod)["securityContext"] == {
+        "allowPrivilegeEscalation": False,
         "runAsNonRoot": True,
         "capabilities": {"add": ["IPC_LOCK", "SYS_NICE"], "drop": ["ALL"]},
     }

@@ -39,6 +39,7 @@ def image_note(job: str, what: str) -> str:
         f"kube-ddp: {job}: {what} runs in ghcr.io/kube-ddp/ddp-trainer:0.1.0, the operator's "
         "trainer image (spec.image unset; the operator's --trainer-image, the chart's "
         "operator.trainerImage)\n"
+        f"kube-ddp: {job}: its pods meet the restricted Pod Security Standard\n"
     )
 
 
@@ -66,7 +67,9 @@ def test_every_example_renders_valid_objects(
 ) -> None:
     code, objects, err = render(capsys, str(example))
     assert code == 0
-    assert all(" runs in " in line for line in err.splitlines()), err
+    assert all(
+        " runs in " in line or " Pod Security Standard" in line for line in err.splitlines()
+    ), err
     for obj in objects:
         if obj["kind"] == "MPIJob":
             for replica in obj["spec"]["mpiReplicaSpecs"].values():
@@ -175,7 +178,7 @@ def test_render_says_which_image_a_command_runs_in(
 ) -> None:
     own = BAR + "  command: [python, train.py]\n"
     assert render(capsys, write_job(own))[2] == image_note("bar", "its command")
-    assert render(capsys, write_job(own + "  image: me/train:1\n"))[2] == ""
+    assert " runs in " not in render(capsys, write_job(own + "  image: me/train:1\n"))[2]
 
 
 def test_render_and_operator_name_the_trainer_image_alike(

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kube_ddp.reasons import PodReason, Reason
 from tests.unit.support import REPO
@@ -76,3 +77,19 @@ def test_the_design_lists_every_reason(vocabulary: type[Reason] | type[PodReason
     design = (REPO / "docs" / "design.md").read_text()
     listed = set(re.findall(r"^\| `(\w+)` \|", design, flags=re.MULTILINE))
     assert {reason.value for reason in vocabulary} <= listed
+
+
+def test_the_gaudi_example_names_the_image_install_md_builds_with_mpi() -> None:
+    """manifests/examples/gaudi-mpi.yaml runs mpirun and sshd: its image is the trainer's MPI
+    variant on Intel's base, built by the command docs/install.md gives (and its header)."""
+    example = REPO / "manifests" / "examples" / "gaudi-mpi.yaml"
+    image = yaml.safe_load(example.read_text())["spec"]["image"]
+    builds = re.findall(
+        r"docker build -f trainer_image/Dockerfile ((?:[^\n]*\\\n)*[^\n]*)",
+        (REPO / "docs" / "install.md").read_text() + example.read_text().replace("\n#", "\n"),
+    )
+    for_the_example = [b for b in builds if b.rstrip(" .").endswith(f"-t {image}")]
+    assert len(for_the_example) == 2, builds  # install.md's and the example's own header
+    for build in for_the_example:
+        assert "--build-arg WITH_MPI=true" in build
+        assert "--build-arg BASE_IMAGE=vault.habana.ai/gaudi-docker/" in build
