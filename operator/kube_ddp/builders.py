@@ -126,10 +126,19 @@ def trainer_args(job: DDPTrainingJob) -> list[str]:
     return to_argv(job.spec.trainer) if job.spec.trainer is not None else []
 
 
+def _holds_the_trainer(spec: DDPTrainingJobSpec) -> bool:
+    """Whether the image has the trainer package: the operator's trainer image, or any image
+    that runs the trainer."""
+    return spec.command is None or spec.image is None
+
+
 def _torchrun(job: DDPTrainingJob) -> list[str]:
-    """torchrun and its flags: this pod's node of the job's rendezvous."""
+    """torchrun and its flags: this pod's node of the job's rendezvous. Where the image holds
+    the trainer package, its torchrun, which exits as the failed rank did (a rank killed by a
+    signal restarts the group, a program error fails it); plain torchrun exits 1 for both."""
     spec = job.spec
-    command = ["torchrun", f"--nnodes={_nnodes(spec)}", f"--nproc-per-node={spec.procs_per_node}"]
+    launcher = list(contract.TORCHRUN_COMMAND) if _holds_the_trainer(spec) else ["torchrun"]
+    command = [*launcher, f"--nnodes={_nnodes(spec)}", f"--nproc-per-node={spec.procs_per_node}"]
     if spec.elastic is not None:
         return [
             *command,
@@ -155,7 +164,9 @@ def torchrun_command(job: DDPTrainingJob) -> list[str]:
 
 # Programs that start the ranks themselves: a command starting with one is run as written.
 LAUNCHERS = frozenset({"torchrun", "mpirun", "mpiexec", "horovodrun", "deepspeed", "accelerate"})
-LAUNCHER_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+LAUNCHER_MODULES = frozenset(
+    {"torch.distributed.run", "torch.distributed.launch", contract.TORCHRUN_MODULE}
+)
 SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
 
 

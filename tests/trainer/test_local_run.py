@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from ddp_trainer.contract import EXIT_STORAGE
 from tests.trainer import support
 
 KUBE_DDP = str(Path(sys.executable).parent / "kube-ddp")
@@ -106,6 +107,32 @@ def test_a_killed_worker_restarts_the_group_which_resumes_from_its_checkpoint(
     assert [epoch["epoch"] for epoch in epochs_of_rank_0(done.stdout)] == [1, 2, 3]
     assert summary_value(done.stderr, "restarts") == "1"
     assert summary_value(done.stderr, "phase") == "Succeeded"
+
+
+def test_under_torchrun_a_killed_rank_restarts_the_group_a_missing_dataset_fails_it(
+    tmp_path: Path,
+) -> None:
+    """torchrun exits 1 whatever ended a rank; the pod exits as the rank did: 137 for one
+    SIGKILLed (a group restart), the trainer's own 78 for data that is not there (the job
+    fails fast, saying which code)."""
+    crash = [
+        {"name": "DDP_TRAINER_CRASH_ONCE_AT_EPOCH", "value": "1"},
+        {"name": "DDP_TRAINER_CRASH_MARKER", "value": str(tmp_path / "crashed")},
+    ]
+    trainer = {**DIGITS, "epochs": 2, "checkpointDir": str(tmp_path / "checkpoints")}
+    done = run_job(tmp_path, {"nodes": 1, "nprocPerNode": 2, "trainer": trainer, "env": crash})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (
+        "Warning WorkerFailed: digits-worker-0 exited with code 137 (Error); restarting the group"
+    ) in done.stderr
+    assert summary_value(done.stderr, "phase") == "Succeeded"
+
+    missing = {**DIGITS, "dataset": "mnist", "dataDir": str(tmp_path / "no-data")}
+    failed = run_job(tmp_path, {"nodes": 1, "nprocPerNode": 2, "trainer": missing})
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert summary_value(failed.stderr, "phase") == "Failed"
+    assert f"digits-worker-0 exited with code {EXIT_STORAGE}" in failed.stderr
+    assert "NonRetryableExitCode" in failed.stderr
 
 
 def test_the_demo_job_reaches_its_target(tmp_path: Path) -> None:

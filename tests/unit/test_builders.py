@@ -8,9 +8,12 @@ from typing import Any
 
 import pytest
 
+from ddp_trainer import contract
 from kube_ddp import names
 from kube_ddp.builders import BuildSettings, build_children, build_mpijob, build_worker_pod
 from tests.unit.support import make_job, validate_strict
+
+TORCHRUN = contract.TORCHRUN_COMMAND
 
 SETTINGS = BuildSettings(trainer_image="registry.example/trainer:1")
 
@@ -90,7 +93,7 @@ CONTRACT = [
             "WORLD_SIZE": "16",
             "DDP_BACKEND": "nccl",
         },
-        command=["torchrun", "--nnodes=2", "--nproc-per-node=8", "--node-rank=$(NODE_RANK)"],
+        command=[*TORCHRUN, "--nnodes=2", "--nproc-per-node=8", "--node-rank=$(NODE_RANK)"],
     ),
     ContractCase(
         id="2x8 gaudi",
@@ -103,7 +106,7 @@ CONTRACT = [
             "WORLD_SIZE": "16",
             "DDP_BACKEND": "hccl",
         },
-        command=["torchrun", "--nnodes=2", "--nproc-per-node=8"],
+        command=[*TORCHRUN, "--nnodes=2", "--nproc-per-node=8"],
     ),
     ContractCase(
         id="elastic 1:4 x 2",
@@ -117,7 +120,7 @@ CONTRACT = [
             "DDP_BACKEND": "gloo",
         },
         command=[
-            "torchrun",
+            *TORCHRUN,
             "--nnodes=1:4",
             "--nproc-per-node=2",
             "--rdzv-backend=c10d",
@@ -406,8 +409,19 @@ def test_own_command_with_one_process_a_pod_runs_as_the_rank_itself() -> None:
 def test_own_command_under_elastic_gets_torchrun_with_a_rendezvous() -> None:
     spec = {"nodes": 2, "elastic": {"minNodes": 1, "maxNodes": 2}, "command": ["./train"]}
     command = container_of(worker(spec))["command"]
-    assert command[0] == "torchrun" and "--rdzv-backend=c10d" in command
+    assert command[:3] == list(TORCHRUN) and "--rdzv-backend=c10d" in command
     assert command[-2:] == ["--no-python", "./train"]
+
+
+def test_torchrun_in_front_of_ranks_exits_as_the_failed_rank_where_the_image_can() -> None:
+    """The trainer image (and any image running the trainer) holds the torchrun that exits
+    with the failed rank's own code; an image of the user's own gets torchrun itself."""
+    own_script = {"nodes": 2, "nprocPerNode": 2, "command": ["python", "train.py"]}
+    assert container_of(worker(own_script))["command"][:3] == list(TORCHRUN)
+    trainer_in_own_image = {"nodes": 2, "nprocPerNode": 2, "image": "me/trainer:1"}
+    assert container_of(worker(trainer_in_own_image))["command"][:3] == list(TORCHRUN)
+    own_image = {**own_script, "image": "me/train:2"}
+    assert container_of(worker(own_image))["command"][0] == "torchrun"
 
 
 @pytest.mark.parametrize(
@@ -416,6 +430,7 @@ def test_own_command_under_elastic_gets_torchrun_with_a_rendezvous() -> None:
         ["torchrun", "--nproc-per-node=2", "train.py"],
         ["/opt/conda/bin/torchrun", "train.py"],
         ["python", "-m", "torch.distributed.run", "train.py"],
+        ["python", "-m", "ddp_trainer.torchrun", "train.py"],
         ["python3", "-u", "-m", "torch.distributed.launch", "train.py"],
         ["mpirun", "-np", "4", "python", "train.py"],
         ["bash", "-c", "pip install -e . && torchrun --nproc-per-node=2 train.py"],

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from ddp_trainer.report import StatusReporter, training_patch
+from ddp_trainer import contract
 from kube_ddp import names
 from kube_ddp.builders import worker_env
 from kube_ddp.local.endpoint import StatusEndpoint
@@ -108,7 +109,7 @@ def test_a_torchrun_pod_runs_its_command_with_the_env_contract(
     port = str(job.spec.port)
     first, second = worker_launches(job, 0, (0, 1), settings())
     assert second.argv == [
-        "torchrun",
+        *contract.TORCHRUN_COMMAND,
         "--nnodes=2",
         "--nproc-per-node=2",
         "--node-rank=1",

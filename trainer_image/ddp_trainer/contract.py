@@ -18,6 +18,10 @@ API_PLURAL: Final = "ddptrainingjobs"
 # --- how a worker runs the trainer ----------------------------------------------------------
 TRAINER_MODULE: Final = "ddp_trainer"  # python -m ddp_trainer
 TRAINER_COMMAND: Final = ("python", "-m", TRAINER_MODULE)
+# torchrun that exits as its failed rank did (128 + the signal that killed it, or the rank's own
+# code), where torchrun exits 1: in front of the ranks of every image that holds this package.
+TORCHRUN_MODULE: Final = f"{TRAINER_MODULE}.torchrun"
+TORCHRUN_COMMAND: Final = ("python", "-m", TORCHRUN_MODULE)
 # The user and group the trainer image runs as (trainer_image/Dockerfile's USER): the
 # operator gives worker pods this fsGroup, so volumes are writable by it.
 IMAGE_UID: Final = 10001
