@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from ddp_trainer import contract
 from ddp_trainer.options import TrainerOptions, to_argv
@@ -98,22 +98,56 @@ def contract_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[O
     return result
 
 
-def _launcher_defaults(job: DDPTrainingJob) -> dict[str, str]:
-    """Settings the launcher needs that the user may still override."""
-    if job.spec.elastic is None:
-        return {}
-    # torchrun restarts reuse one TCP store across nodes and read the dead group's
-    # addresses from it (pytorch#135712) unless this is set.
-    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# NCCL's watchdog, so that a hung collective or a lost peer ends the process in a bounded time
+# and leaves a trace of where each rank was (docs/design.md, "Hangs and lost peers"). Each was
+# read in the pinned torch 2.15 (ProcessGroupNCCL.hpp, FlightRecorder.hpp); set although some
+# are 2.15's defaults, because images of their own carry older torch where they were not.
+NCCL_WATCHDOG_ENV: Final = {
+    # A timeout or NCCL error ends the process without ncclCommAbort, which can itself hang on
+    # a dead peer (SkipCleanUp); torchrun would set 1 (TearDown) for its ranks.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    # The heartbeat monitor ends the process when the watchdog itself is stuck in a CUDA or
+    # NCCL call (after TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC, 480 s).
+    "TORCH_NCCL_ENABLE_MONITORING": "1",
+    # The flight recorder: the last 2000 collectives of each rank (2.15's default for NCCL;
+    # off in torch before 2.4 and for torchcomms backends, whose default is 0).
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    # ... written to TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank> when a collective times out.
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
+FLIGHT_RECORDER_DIR = "flight-recorder"  # under the trainer's checkpointDir
+
+
+def flight_recorder_prefix(checkpoint_dir: str, attempt: int) -> str:
+    """Where ranks write their flight-recorder dumps (torch adds the rank): beside the
+    checkpoints, which outlive the attempt's pods, one name per attempt."""
+    return f"{checkpoint_dir.rstrip('/')}/{FLIGHT_RECORDER_DIR}/attempt-{attempt}-rank-"
+
+
+def _launcher_defaults(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
+    """Settings the launcher and torch.distributed need that the user may still override."""
+    spec = job.spec
+    defaults: dict[str, str] = {}
+    if spec.elastic is not None:
+        # torchrun restarts reuse one TCP store across nodes and read the dead group's
+        # addresses from it (pytorch#135712) unless this is set.
+        defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if spec.effective_backend == "nccl":
+        defaults |= NCCL_WATCHDOG_ENV
+    checkpoint_dir = spec.trainer.checkpoint_dir if spec.trainer is not None else None
+    if checkpoint_dir is not None and checkpoint_dir.startswith("/"):
+        defaults[contract.FLIGHT_RECORDER_FILE] = flight_recorder_prefix(checkpoint_dir, attempt)
+    return defaults
 
 
 def worker_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[Obj]:
-    """The contract first, then the user's env (which may refer to it as $(NAME))."""
+    """The contract first, then the user's env (which may refer to it as $(NAME)); a default
+    the user's env also sets is left to the user's."""
     user = [e.model_dump(by_alias=True, exclude_none=True) for e in job.spec.env]
     chosen = {e["name"] for e in user}
     defaults = [
         {"name": name, "value": value}
-        for name, value in _launcher_defaults(job).items()
+        for name, value in _launcher_defaults(job, attempt).items()
         if name not in chosen
     ]
     return contract_env(job, index, attempt) + defaults + user

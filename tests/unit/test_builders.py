@@ -37,6 +37,13 @@ MASTER = "bar-worker-0.bar.ns1.svc"
 GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
 GAUDI_2X8 = {"nodes": 2, "accelerator": {"type": "gaudi", "perNode": 8}}
 ELASTIC = {"nodes": 2, "elastic": {"minNodes": 1, "maxNodes": 4}, "nprocPerNode": 2}
+# An NCCL job's watchdog: a hang or a lost peer ends the process in bounded time, with a trace.
+NCCL_WATCHDOG = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    "TORCH_NCCL_ENABLE_MONITORING": "1",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,7 @@ CONTRACT = [
             "DDP_BACKEND": "nccl",
         },
         command=[*TORCHRUN, "--nnodes=2", "--nproc-per-node=8", "--node-rank=$(NODE_RANK)"],
+        launcher_defaults=NCCL_WATCHDOG,
     ),
     ContractCase(
         id="2x8 gaudi",
@@ -592,8 +600,25 @@ def test_reserved_env_is_exactly_what_the_builders_set() -> None:
         for child in build_children(job):
             for container in _containers(child):
                 injected |= {e["name"] for e in container["env"]}
-    injected.discard("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")  # a default the user may override
+    injected -= {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", *NCCL_WATCHDOG}  # defaults, overridable
     assert injected == set(names.RESERVED_ENV)
+
+
+def test_nccl_jobs_get_the_watchdog_and_the_users_own_setting_wins() -> None:
+    spec = {**GPU_2X8, "env": [{"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"}]}
+    env = container_of(worker(spec))["env"]
+    assert [e["value"] for e in env if e["name"] == "TORCH_NCCL_ASYNC_ERROR_HANDLING"] == ["1"]
+    assert env_of(container_of(worker(GPU_2X8))).items() >= NCCL_WATCHDOG.items()
+    gloo = env_of(container_of(worker({"nodes": 2, "nprocPerNode": 2})))
+    assert not any(name.startswith("TORCH_NCCL_") for name in gloo)
+
+
+def test_flight_recorder_dumps_go_beside_the_checkpoints_one_name_per_attempt() -> None:
+    spec = {"nodes": 2, "trainer": {"checkpointDir": "/ckpt/"}}
+    env = env_of(container_of(worker(spec, index=1, attempt=3)))
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/ckpt/flight-recorder/attempt-3-rank-"
+    relative = env_of(container_of(worker({"nodes": 2, "trainer": {"checkpointDir": "ck"}})))
+    assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in relative  # the working dir is the image's
 
 
 def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:

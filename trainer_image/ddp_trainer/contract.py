@@ -80,6 +80,10 @@ RESERVED_ENV: Final = (
 HEARTBEAT_SECONDS: Final = 30
 HEARTBEAT_ENV: Final = "KUBEDDP_HEARTBEAT_SECONDS"  # a shorter heartbeat, for tests
 MIN_PROGRESS_DEADLINE_SECONDS: Final = 2 * HEARTBEAT_SECONDS
+# Where torch writes each rank's flight-recorder dump (a path prefix; torch adds the rank; torch
+# 2.15 also reads TORCH_FR_DUMP_TEMP_FILE): the operator points it beside the checkpoints and
+# the trainer creates its directory.
+FLIGHT_RECORDER_FILE: Final = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 # The trainer's exit code when a collective timed out or a peer went away (torch.distributed
 # raised, not the program): the operator's default rules restart the group for it.
 EXIT_PEER_LOST: Final = 88
