@@ -170,3 +170,4 @@ def test_the_own_script_example_runs_under_torchrun_started_by_kube_ddp() -> Non
     assert ranks == {("0", "0"), ("1", "1"), ("2", "0"), ("3", "1")}
     assert "done: 200 steps on 4 ranks" in done.stdout
     assert summary_value(done.stderr, "phase") == "Succeeded"
+    assert summary_value(done.stderr, "epochs") == "2/2"  # its one `report` line

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ddp_trainer import progress
 from ddp_trainer.report import Heartbeat, StatusReporter, status_url, training_patch
 from kube_ddp.local.plan import free_port
 from tests.trainer import support
@@ -272,3 +273,38 @@ def test_an_epochs_report_puts_off_the_next_heartbeat(
     clock.now += 1
     assert heartbeat.beat(1, 2)
     assert heartbeat.position(2, 0)["progressPercentage"] == 100
+
+
+def test_a_plain_pytorch_script_reports_with_the_helper_from_rank_0_only(
+    api_server: FakeApiServer, token_file: Path
+) -> None:
+    """manifests/examples/own-script/train.py (not the trainer) under real torchrun, 2 ranks:
+    one `report` call per step gives the first step's heartbeat and each epoch's end, from rank
+    0 alone (the heartbeat interval is longer than the run)."""
+    script = support.REPO / "manifests" / "examples" / "own-script" / "train.py"
+    env = support.clean_env(
+        KUBEDDP_JOB_NAME="mnist",
+        KUBEDDP_JOB_NAMESPACE="team-a",
+        KUBEDDP_API_SERVER=api_server.url,
+        KUBEDDP_TOKEN_FILE=str(token_file),
+    )
+    command = [support.TORCHRUN, "--standalone", "--nproc-per-node=2", str(script)]
+    run = support.run([*command, "--epochs", "2", "--steps-per-epoch", "50"], env).check()
+    assert "done: 100 steps on 2 ranks" in run.stdout
+
+    reported = [request["body"]["status"]["training"] for request in api_server.requests]
+    assert [(r["epoch"], r["step"], r["progressPercentage"]) for r in reported] == [
+        (0, 1, 1),  # the first step: the progress deadline counts from there
+        (1, 0, 50),
+        (2, 0, 100),
+    ]
+    assert all(r["epochs"] == 2 and r["stepsPerEpoch"] == 50 for r in reported)
+    assert all(isinstance(r["loss"], float) for r in reported)
+    assert reported[-1]["estimatedRemainingSeconds"] == 0
+    assert all(request["path"] == STATUS_PATH for request in api_server.requests)
+
+
+def test_the_helper_does_nothing_outside_kube_ddp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBEDDP_JOB_NAME", raising=False)
+    monkeypatch.setattr(progress, "_reporting", None)
+    assert progress.report(0, 1, 10, 0.5, epochs=1) is False

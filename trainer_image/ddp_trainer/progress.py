@@ -1,4 +1,5 @@
-"""What rank 0 shows: a progress bar on a terminal, one JSON line per epoch, the summary file."""
+"""What rank 0 shows: a progress bar on a terminal, one JSON line per epoch, the summary file;
+and `report`, the progress of a program of the user's own."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import SupportsFloat, TextIO
 
+from ddp_trainer import contract
 from ddp_trainer.errors import storage
+from ddp_trainer.report import Heartbeat, StatusReporter
 
 
 @dataclass(frozen=True)
@@ -82,3 +86,58 @@ class ProgressBar:
         if self.enabled:
             self.stream.write("\r\x1b[2K")
             self.stream.flush()
+
+
+# --- progress from a program of the user's own -------------------------------------------------
+
+
+@dataclass
+class _Reporting:
+    heartbeat: Heartbeat | None  # None: not run by kube-ddp, or not rank 0
+
+
+_reporting: _Reporting | None = None
+
+
+def report(
+    epoch: int,
+    step: int,
+    steps_per_epoch: int,
+    loss: SupportsFloat | None = None,
+    *,
+    epochs: int,
+) -> bool:
+    """Tell kube-ddp where training stands, from a program of your own: call it after every
+    step, `step` steps (1, 2, ... `steps_per_epoch`) into epoch `epoch` (0, 1, ...).
+
+    Rank 0 sends the job's status.training (step, progressPercentage,
+    estimatedRemainingSeconds, loss) at most every 30 s and at the end of each epoch, which is
+    what runPolicy.progressDeadlineSeconds and `kubectl get ddpjobs` read; on every other rank,
+    and outside kube-ddp, it does nothing. `loss` (a float or a tensor) is read only when a
+    report goes out, so passing a device tensor costs no sync per step. Standard library only;
+    a failed report is a warning and never stops training. True when a report was accepted.
+
+        from ddp_trainer.progress import report
+        report(epoch, step + 1, len(loader), loss, epochs=epochs)
+    """
+    global _reporting
+    if _reporting is None:
+        _reporting = _Reporting(_heartbeat_from_env(os.environ, epochs, steps_per_epoch))
+    heartbeat = _reporting.heartbeat
+    if heartbeat is None:
+        return False
+    heartbeat.epochs, heartbeat.steps_per_epoch = epochs, steps_per_epoch
+    if step < steps_per_epoch:
+        return heartbeat.beat(epoch, step, loss)
+    # The epoch's end: reported whenever it comes, as the trainer reports its epochs.
+    return heartbeat.send(epoch + 1, 0, loss, final=epoch + 1 >= epochs)
+
+
+def _heartbeat_from_env(env: Mapping[str, str], epochs: int, steps: int) -> Heartbeat | None:
+    if env.get(contract.RANK, "0") != "0":
+        return None
+    reporter = StatusReporter.from_env(env)
+    if reporter is None:
+        return None
+    every = Heartbeat.every_from_env(env)
+    return Heartbeat(reporter, epochs=epochs, steps_per_epoch=steps, every=every)
