@@ -88,13 +88,15 @@ def contract_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[O
         contract.JOB_NAMESPACE: job.namespace,
         contract.ATTEMPT: str(attempt),
     }
-    result = []
+    result: list[Obj] = []
     for name, value in values.items():
         result.append({"name": name, "value": value})
         if (
             name in contract.TORCHRUN_MIRRORED
         ):  # torchrun reads each of its flags from PET_<FLAG> too
             result.append({"name": contract.torchrun_name(name), "value": value})
+    for name, field_path in contract.FIELD_OF.items():
+        result.append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}})
     return result
 
 

@@ -306,5 +306,5 @@ def test_a_plain_pytorch_script_reports_with_the_helper_from_rank_0_only(
 
 def test_the_helper_does_nothing_outside_kube_ddp(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBEDDP_JOB_NAME", raising=False)
-    monkeypatch.setattr(progress, "_reporting", None)
+    progress._heartbeat.cache_clear()
     assert progress.report(0, 1, 10, 0.5, epochs=1) is False

@@ -209,6 +209,9 @@ def test_a_hung_peer_ends_rank_0_with_the_lost_peer_exit_code(tmp_path: Path) ->
             LOCAL_WORLD_SIZE="2",
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=port,
+            KUBEDDP_POD_NAME=f"hung-worker-{rank}",
+            KUBEDDP_NODE_NAME=f"node-{rank}",
+            KUBEDDP_HEARTBEAT_SECONDS="1",  # each rank's progress entry, every second
         )
         for rank in range(2)
     ]
@@ -226,3 +229,6 @@ def test_a_hung_peer_ends_rank_0_with_the_lost_peer_exit_code(tmp_path: Path) ->
         rank1.wait()
     assert run.returncode == EXIT_PEER_LOST, run.stderr[-2000:]
     assert "a collective timed out or a peer went away" in run.stderr
+    # Rank 0 failed, and names the rank that stopped first (its entry in the store went stale).
+    assert "rank 1 (pod hung-worker-1, node node-1) stopped first" in run.stderr, run.stderr[-2000:]
+    assert "silent for" in run.stderr

@@ -19,7 +19,13 @@ SETTINGS = BuildSettings(trainer_image="registry.example/trainer:1")
 
 
 def env_of(container: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e.get("value", "") for e in container["env"]}
+    """Each variable's value; one from the downward API as `fieldRef:<path>`."""
+    return {e["name"]: e.get("value", "") or _field_ref(e) for e in container["env"]}
+
+
+def _field_ref(variable: dict[str, Any]) -> str:
+    path = variable.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    return f"fieldRef:{path}" if path else ""
 
 
 def worker(spec: dict[str, Any], index: int = 0, attempt: int = 0) -> dict[str, Any]:
@@ -69,6 +75,8 @@ def every_worker_gets(index_env: dict[str, str]) -> dict[str, str]:
         "KUBEDDP_JOB_NAME": "bar",
         "KUBEDDP_JOB_NAMESPACE": "ns1",
         "KUBEDDP_ATTEMPT": "2",
+        "KUBEDDP_POD_NAME": "fieldRef:metadata.name",  # where a rank ran, to name one that hung
+        "KUBEDDP_NODE_NAME": "fieldRef:spec.nodeName",
         **{f"PET_{name}": index_env[name] for name in mirrored},
     }
 

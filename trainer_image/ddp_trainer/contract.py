@@ -47,6 +47,11 @@ DDP_BACKEND: Final = "DDP_BACKEND"
 JOB_NAME: Final = "KUBEDDP_JOB_NAME"
 JOB_NAMESPACE: Final = "KUBEDDP_JOB_NAMESPACE"
 ATTEMPT: Final = "KUBEDDP_ATTEMPT"
+# The pod and node a rank runs in (the downward API's metadata.name and spec.nodeName), so that
+# the rank that stopped first can be named where it ran.
+POD_NAME: Final = "KUBEDDP_POD_NAME"
+NODE_NAME: Final = "KUBEDDP_NODE_NAME"
+FIELD_OF: Final = {POD_NAME: "metadata.name", NODE_NAME: "spec.nodeName"}
 
 # torchrun reads its flags from PET_<FLAG> too; the operator sets both spellings.
 TORCHRUN_PREFIX: Final = "PET_"
@@ -71,6 +76,7 @@ RESERVED_ENV: Final = (
     JOB_NAME,
     JOB_NAMESPACE,
     ATTEMPT,
+    *FIELD_OF,
 )
 
 # --- silent failures: progress heartbeats and a lost peer ------------------------------------

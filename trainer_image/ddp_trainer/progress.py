@@ -3,12 +3,12 @@ and `report`, the progress of a program of the user's own."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import time
 from dataclasses import asdict, dataclass
-from collections.abc import Mapping
 from pathlib import Path
 from typing import SupportsFloat, TextIO
 
@@ -91,14 +91,6 @@ class ProgressBar:
 # --- progress from a program of the user's own -------------------------------------------------
 
 
-@dataclass
-class _Reporting:
-    heartbeat: Heartbeat | None  # None: not run by kube-ddp, or not rank 0
-
-
-_reporting: _Reporting | None = None
-
-
 def report(
     epoch: int,
     step: int,
@@ -120,24 +112,23 @@ def report(
         from ddp_trainer.progress import report
         report(epoch, step + 1, len(loader), loss, epochs=epochs)
     """
-    global _reporting
-    if _reporting is None:
-        _reporting = _Reporting(_heartbeat_from_env(os.environ, epochs, steps_per_epoch))
-    heartbeat = _reporting.heartbeat
+    heartbeat = _heartbeat(epochs, steps_per_epoch)
     if heartbeat is None:
         return False
-    heartbeat.epochs, heartbeat.steps_per_epoch = epochs, steps_per_epoch
     if step < steps_per_epoch:
         return heartbeat.beat(epoch, step, loss)
     # The epoch's end: reported whenever it comes, as the trainer reports its epochs.
     return heartbeat.send(epoch + 1, 0, loss, final=epoch + 1 >= epochs)
 
 
-def _heartbeat_from_env(env: Mapping[str, str], epochs: int, steps: int) -> Heartbeat | None:
-    if env.get(contract.RANK, "0") != "0":
+@functools.cache
+def _heartbeat(epochs: int, steps_per_epoch: int) -> Heartbeat | None:
+    """This process's heartbeat, made on the first report (None: not rank 0 of a job kube-ddp
+    runs)."""
+    if os.environ.get(contract.RANK, "0") != "0":
         return None
-    reporter = StatusReporter.from_env(env)
+    reporter = StatusReporter.from_env(os.environ)
     if reporter is None:
         return None
-    every = Heartbeat.every_from_env(env)
-    return Heartbeat(reporter, epochs=epochs, steps_per_epoch=steps, every=every)
+    every = Heartbeat.every_from_env(os.environ)
+    return Heartbeat(reporter, epochs=epochs, steps_per_epoch=steps_per_epoch, every=every)
