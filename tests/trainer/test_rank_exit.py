@@ -86,4 +86,6 @@ def test_the_cause_is_the_killed_rank_not_the_peer_that_saw_it_die_first() -> No
     assert cause({0: failure(EXIT_PEER_LOST, 10), 1: failure(-9, 11)})[0] == 1
     assert cause({0: failure(EXIT_PEER_LOST, 10), 1: failure(1, 11)})[0] == 1
     assert cause({0: failure(78, 12), 1: failure(1, 11)})[0] == 1
+    # torchrun lists the ranks it stopped itself after the one that failed
+    assert cause({1: failure(1, 11), 0: failure(-15, 11)})[0] == 1
     assert exit_code(-9) == 137 and exit_code(EXIT_TEMPORARY) == EXIT_TEMPORARY

@@ -26,19 +26,25 @@ SIGNALLED = 128  # a process killed by signal n ends as 128 + n, as the kubelet 
 
 
 def cause(failures: Mapping[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
-    """The failed rank that caused the others: one killed by a signal, else one that did not
-    exit for a lost peer (its peers' collectives broke because of it), then the earliest. Not
-    torchrun's own first failure: its times have a resolution of a second, and a healthy rank
-    that saw its peer die may be written down before the killed one is noticed."""
-    return min(
-        failures.items(),
-        key=lambda item: (
-            item[1].exitcode >= 0,
-            item[1].exitcode == EXIT_PEER_LOST,
-            item[1].timestamp,
-            item[0],
-        ),
-    )
+    """The failed rank that caused the others. Not torchrun's own first failure: its times have
+    a resolution of a second, and a healthy rank that saw its peer die may be written down
+    before the killed one is noticed. So: a rank torchrun stopped itself (SIGTERM, once one had
+    failed; it lists them too) last; then a rank killed by a signal, then one that did not exit
+    for a lost peer (its peers' collectives broke because of it); then the earliest, and within
+    a second, the one torchrun saw first (its failures are listed in the order it saw them)."""
+    ranked = [
+        (
+            failure.exitcode == -signal.SIGTERM,
+            failure.exitcode >= 0,
+            failure.exitcode == EXIT_PEER_LOST,
+            failure.timestamp,
+            position,
+            rank,
+        )
+        for position, (rank, failure) in enumerate(failures.items())
+    ]
+    rank = min(ranked)[-1]
+    return rank, failures[rank]
 
 
 def exit_code(rank_exit: int) -> int:
