@@ -17,10 +17,12 @@ integer assignment. Reading happens only on the way out, one store round trip pe
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +35,10 @@ from ddp_trainer import contract
 log = logging.getLogger("ddp_trainer")
 
 KEY_PREFIX = "kubeddp/progress/"
+# A rank that made no step for this share of the collective timeout logs its threads' Python
+# stacks (once per stall): where a rank hung in its own code is, before its peers time out and
+# the group's pods are deleted. Healthy ranks waiting on it log theirs too: in a collective.
+STALL_SHARE = 0.8
 READ_TIMEOUT_S = 5.0  # a store that does not answer: its host (rank 0, or torchrun) is gone
 
 
@@ -100,6 +106,7 @@ class Ledger:
         interval: float,
         pod: str,
         node: str,
+        stall_after: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -110,6 +117,9 @@ class Ledger:
         self.node = node
         self.clock = clock
         self.step = 0  # set by the training loop: a plain assignment per step
+        self.stall_after = stall_after
+        self._seen = (self.step, clock())  # the last step seen by the thread, and when
+        self._dumped = False
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kubeddp-ledger", daemon=True)
 
@@ -128,12 +138,32 @@ class Ledger:
         self._stopped.set()
 
     def _run(self) -> None:
-        while not self._stopped.wait(self.interval):
+        while not self._stopped.wait(min(self.interval, self.stall_after or self.interval)):
+            self.check_stall()
             try:
                 self.write()
             except Exception as exc:  # the store's host is gone: the group is ending anyway
                 log.debug("progress ledger: %s", exc)
                 return
+
+    def check_stall(self) -> bool:
+        """Log every thread's Python stack once when no step was made for `stall_after`."""
+        step, since = self._seen
+        now = self.clock()
+        if self.step != step:
+            self._seen, self._dumped = (self.step, now), False
+            return False
+        if self.stall_after is None or self._dumped or now - since < self.stall_after:
+            return False
+        self._dumped = True
+        print(
+            f"ddp_trainer[rank {self.rank}]: no step for {now - since:.0f} s (at step {step}); "
+            "the stacks of this rank's threads:",
+            file=sys.stderr,
+            flush=True,
+        )
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        return True
 
 
 def read_entries(store: Any, world_size: int) -> list[Entry]:
@@ -161,7 +191,9 @@ def interval_from_env(env: Mapping[str, str]) -> float:
     return float(value) if value else float(contract.HEARTBEAT_SECONDS)
 
 
-def start_ledger(rank: int, env: Mapping[str, str] = os.environ) -> Ledger:
+def start_ledger(
+    rank: int, env: Mapping[str, str] = os.environ, stall_after: float | None = None
+) -> Ledger:
     """This rank's ledger on the default group's store (call after init_process_group)."""
     import torch.distributed as dist
 
@@ -172,7 +204,7 @@ def start_ledger(rank: int, env: Mapping[str, str] = os.environ) -> Ledger:
     # The count of collectives this rank has started (gloo and NCCL both keep it); torch's
     # stubs do not declare it.
     sequence = group._get_sequence_number_for_group  # type: ignore[attr-defined]
-    return Ledger(store, sequence, rank, interval, pod, node).start()
+    return Ledger(store, sequence, rank, interval, pod, node, stall_after).start()
 
 
 def name_the_culprit(ledger: Ledger, world_size: int) -> str:

@@ -40,7 +40,7 @@ from ddp_trainer.batches import (
 )
 from ddp_trainer.datasets import Splits, download_dataset, load_dataset
 from ddp_trainer.errors import TrainerError, is_peer_lost
-from ddp_trainer.fault_injection import crash_once_if_asked
+from ddp_trainer.fault_injection import crash_once_if_asked, hang_if_asked
 from ddp_trainer.models import build_model
 from ddp_trainer.options import TrainerOptions
 from ddp_trainer.progress import EpochMetrics, ProgressBar, Summary, epoch_line, write_summary
@@ -171,7 +171,9 @@ class Recipe:
             distributed.init_process_group(
                 self.world, device, self.backend, options.timeout_seconds, os.environ
             )
-            self.ledger = culprit.start_ledger(self.world.rank, os.environ)
+            # A rank without a step for most of the collective timeout logs its stacks.
+            stall_after = options.timeout_seconds * culprit.STALL_SHARE
+            self.ledger = culprit.start_ledger(self.world.rank, os.environ, stall_after)
         torch.manual_seed(options.seed)
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True
@@ -328,6 +330,7 @@ class Recipe:
                 print(epoch_line(metrics), flush=True)
                 self.report(metrics)
             crash_once_if_asked(epoch, self.world.rank, self.world.world_size, os.environ)
+            hang_if_asked(epoch, self.world.rank, self.world.world_size, os.environ)
         return self.finish()
 
     def run_epoch(self, epoch: int) -> EpochMetrics:
