@@ -265,4 +265,4 @@ def test_a_rank_hung_in_its_own_code_is_named_and_shows_where_it_is() -> None:
     assert said in run.stderr and "collective(s) behind the others" in run.stderr, run.stderr
     assert "silent for" not in run.stderr  # its ledger thread wrote on
     assert "no step for" in hung_stderr, hung_stderr[-2000:]
-    assert 'in hang_if_asked' in hung_stderr  # faulthandler's stack: where it hangs
+    assert "in hang_if_asked" in hung_stderr  # faulthandler's stack: where it hangs
