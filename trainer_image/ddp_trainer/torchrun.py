@@ -72,11 +72,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ChildFailedError as exc:
         rank, failure = cause(exc.failures)
         code = exit_code(failure.exitcode)
-        # torchrun's summary (every failed rank, the first last), then the line that says why
-        # this process ends with the code it does: the last lines are the pod's failure message.
-        print(exc, file=sys.stderr)
+        # One line per failed rank, then why this process ends with the code it does. Not
+        # torchrun's summary, whose tracebacks the ranks have printed already: the kubelet keeps
+        # only the log's last 2 KB as the pod's failure message, and the ranks' own last
+        # lines (which rank stopped first) must stay in it.
+        for failed, ended in exc.failures.items():
+            said = f"{PROG}: rank {failed} (local rank {ended.local_rank}, pid {ended.pid}) "
+            print(said + how_it_ended(ended.exitcode), file=sys.stderr)
         print(
-            f"{PROG}: rank {rank} {how_it_ended(failure.exitcode)}: exiting {code}",
+            f"{PROG}: rank {rank} {how_it_ended(failure.exitcode)} first: exiting {code}",
             file=sys.stderr,
             flush=True,
         )
