@@ -31,6 +31,7 @@ from datetime import timedelta
 from typing import Any
 
 from ddp_trainer import contract
+from ddp_trainer.report import Heartbeat
 
 log = logging.getLogger("ddp_trainer")
 
@@ -186,11 +187,6 @@ def identity(env: Mapping[str, str]) -> tuple[str, str]:
     return env.get(contract.POD_NAME) or host, env.get(contract.NODE_NAME) or host
 
 
-def interval_from_env(env: Mapping[str, str]) -> float:
-    value = env.get(contract.HEARTBEAT_ENV)
-    return float(value) if value else float(contract.HEARTBEAT_SECONDS)
-
-
 def start_ledger(
     rank: int, env: Mapping[str, str] = os.environ, stall_after: float | None = None
 ) -> Ledger:
@@ -200,7 +196,7 @@ def start_ledger(
     group = dist.distributed_c10d._get_default_group()
     store = dist.distributed_c10d._get_default_store()
     pod, node = identity(env)
-    interval = interval_from_env(env)
+    interval = Heartbeat.every_from_env(env)  # the heartbeat's interval
     # The count of collectives this rank has started (gloo and NCCL both keep it); torch's
     # stubs do not declare it.
     sequence = group._get_sequence_number_for_group  # type: ignore[attr-defined]
