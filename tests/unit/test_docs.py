@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kube_ddp.builders import NCCL_WATCHDOG_ENV
 from kube_ddp.reasons import PodReason, Reason
 from tests.unit.support import REPO
 
@@ -76,3 +77,9 @@ def test_the_design_lists_every_reason(vocabulary: type[Reason] | type[PodReason
     design = (REPO / "docs" / "design.md").read_text()
     listed = set(re.findall(r"^\| `(\w+)` \|", design, flags=re.MULTILINE))
     assert {reason.value for reason in vocabulary} <= listed
+
+
+def test_the_design_lists_every_watchdog_setting_with_its_value() -> None:
+    design = (REPO / "docs" / "design.md").read_text()
+    for name, value in NCCL_WATCHDOG_ENV.items():
+        assert f"| `{name}` | {value} |" in design, name
