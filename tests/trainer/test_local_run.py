@@ -135,6 +135,27 @@ def test_under_torchrun_a_killed_rank_restarts_the_group_a_missing_dataset_fails
     assert "NonRetryableExitCode" in failed.stderr
 
 
+def test_a_hung_rank_is_named_by_its_pod_and_its_peer_ends_retryable(tmp_path: Path) -> None:
+    """Worker 1 hangs in its own code after epoch 1: worker 0's collective times out, it exits
+    88 (a group restart: here none left) and names worker 1's pod, from the downward API."""
+    hang = [
+        {"name": "DDP_TRAINER_HANG_AT_EPOCH", "value": "1"},
+        {"name": "KUBEDDP_HEARTBEAT_SECONDS", "value": "1"},
+    ]
+    trainer = {**DIGITS, "epochs": 50, "timeoutSeconds": 12}
+    spec = {"nodes": 2, "trainer": trainer, "env": hang, "runPolicy": {"backoffLimit": 0}}
+    done = run_job(tmp_path, spec)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "digits-worker-0 exited with code 88" in done.stderr
+    assert "BackoffLimitExceeded" in done.stderr  # retryable, but no restarts left
+    said = re.search(
+        r"\[worker-0\] .*(rank 1 \(pod digits-worker-1, node [^)]+\) stopped .*)", done.stdout
+    )
+    assert said, done.stdout[-3000:]
+    assert "collective(s) behind the others" in said.group(1)
+    assert "[worker-1] ddp_trainer[rank 1]: no step for" in done.stdout
+
+
 def test_the_demo_job_reaches_its_target(tmp_path: Path) -> None:
     """`make demo`: the example file as it is, two workers to the target accuracy."""
     example = support.REPO / "manifests" / "examples" / "digits-cpu.yaml"
