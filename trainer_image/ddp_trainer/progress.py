@@ -8,12 +8,14 @@ import json
 import os
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import SupportsFloat, TextIO
 
-from ddp_trainer import contract
-from ddp_trainer.errors import storage
+from ddp_trainer import contract, culprit
+from ddp_trainer.errors import exit_peer_lost, is_peer_lost, storage
 from ddp_trainer.report import Heartbeat, StatusReporter
 
 
@@ -105,13 +107,19 @@ def report(
     Rank 0 sends the job's status.training (step, progressPercentage,
     estimatedRemainingSeconds, loss) at most every 30 s and at the end of each epoch, which is
     what runPolicy.progressDeadlineSeconds and `kubectl get ddpjobs` read; on every other rank,
-    and outside kube-ddp, it does nothing. `loss` (a float or a tensor) is read only when a
+    and outside kube-ddp, it does nothing. Under kube-ddp every rank also keeps its progress
+    in the group's store (`ddp_trainer.culprit`): a collective that times out or a peer that
+    goes away then ends the program with the trainer's own exit code, 88, which restarts the
+    group, naming the rank that stopped first. `loss` (a float or a tensor) is read only when a
     report goes out, so passing a device tensor costs no sync per step. Standard library only;
     a failed report is a warning and never stops training. True when a report was accepted.
 
         from ddp_trainer.progress import report
         report(epoch, step + 1, len(loader), loss, epochs=epochs)
     """
+    ledger = _watch_peers()
+    if ledger is not None:
+        ledger.step = epoch * steps_per_epoch + step
     heartbeat = _heartbeat(epochs, steps_per_epoch)
     if heartbeat is None:
         return False
@@ -132,3 +140,31 @@ def _heartbeat(epochs: int, steps_per_epoch: int) -> Heartbeat | None:
         return None
     every = Heartbeat.every_from_env(os.environ)
     return Heartbeat(reporter, epochs=epochs, steps_per_epoch=steps_per_epoch, every=every)
+
+
+_PEER_WATCH: dict[str, culprit.Ledger] = {}
+
+
+def _watch_peers() -> culprit.Ledger | None:
+    """On each rank of a job kube-ddp runs, once its process group is up: this rank's ledger,
+    and an exception hook that turns a lost peer into the trainer's exit, 88."""
+    if "ledger" in _PEER_WATCH or not os.environ.get(contract.JOB_NAME):
+        return _PEER_WATCH.get("ledger")
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_initialized():
+        return None
+    ledger = _PEER_WATCH["ledger"] = culprit.start_ledger(dist.get_rank(), os.environ)
+    uncaught = sys.excepthook
+
+    def peer_lost_exits_88(
+        kind: type[BaseException], exc: BaseException, trace: TracebackType | None
+    ) -> None:
+        if not is_peer_lost(exc):
+            uncaught(kind, exc, trace)
+            return
+        traceback.print_exception(kind, exc, trace, file=sys.stderr)
+        print(culprit.name_the_culprit(ledger, dist.get_world_size()), file=sys.stderr)
+        exit_peer_lost(f"rank {dist.get_rank()}", exc)
+
+    sys.excepthook = peer_lost_exits_88
+    return ledger
