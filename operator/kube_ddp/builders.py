@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from ddp_trainer import contract
 from ddp_trainer.options import TrainerOptions, to_argv
@@ -95,32 +95,68 @@ def contract_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[O
         contract.JOB_NAMESPACE: job.namespace,
         contract.ATTEMPT: str(attempt),
     }
-    result = []
+    result: list[Obj] = []
     for name, value in values.items():
         result.append({"name": name, "value": value})
         if (
             name in contract.TORCHRUN_MIRRORED
         ):  # torchrun reads each of its flags from PET_<FLAG> too
             result.append({"name": contract.torchrun_name(name), "value": value})
+    for name, field_path in contract.FIELD_OF.items():
+        result.append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}})
     return result
 
 
-def _launcher_defaults(job: DDPTrainingJob) -> dict[str, str]:
-    """Settings the launcher needs that the user may still override."""
-    if job.spec.elastic is None:
-        return {}
-    # torchrun restarts reuse one TCP store across nodes and read the dead group's
-    # addresses from it (pytorch#135712) unless this is set.
-    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# NCCL's watchdog, so that a hung collective or a lost peer ends the process in a bounded time
+# and leaves a trace of where each rank was (docs/design.md, "Hangs and lost peers"). Each was
+# read in the pinned torch 2.15 (ProcessGroupNCCL.hpp, FlightRecorder.hpp); set although some
+# are 2.15's defaults, because images of their own carry older torch where they were not.
+NCCL_WATCHDOG_ENV: Final = {
+    # A timeout or NCCL error ends the process without ncclCommAbort, which can itself hang on
+    # a dead peer (SkipCleanUp); torchrun would set 1 (TearDown) for its ranks.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    # The heartbeat monitor ends the process when the watchdog itself is stuck in a CUDA or
+    # NCCL call (after TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC, 480 s).
+    "TORCH_NCCL_ENABLE_MONITORING": "1",
+    # The flight recorder: the last 2000 collectives of each rank (2.15's default for NCCL;
+    # off in torch before 2.4 and for torchcomms backends, whose default is 0).
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    # ... written to TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank> when a collective times out.
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
+FLIGHT_RECORDER_DIR = "flight-recorder"  # under the trainer's checkpointDir
+
+
+def flight_recorder_prefix(checkpoint_dir: str, attempt: int) -> str:
+    """Where ranks write their flight-recorder dumps (torch adds the rank): beside the
+    checkpoints, which outlive the attempt's pods, one name per attempt."""
+    return f"{checkpoint_dir.rstrip('/')}/{FLIGHT_RECORDER_DIR}/attempt-{attempt}-rank-"
+
+
+def _launcher_defaults(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
+    """Settings the launcher and torch.distributed need that the user may still override."""
+    spec = job.spec
+    defaults: dict[str, str] = {}
+    if spec.elastic is not None:
+        # torchrun restarts reuse one TCP store across nodes and read the dead group's
+        # addresses from it (pytorch#135712) unless this is set.
+        defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if spec.effective_backend == "nccl":
+        defaults |= NCCL_WATCHDOG_ENV
+    checkpoint_dir = spec.trainer.checkpoint_dir if spec.trainer is not None else None
+    if checkpoint_dir is not None and checkpoint_dir.startswith("/"):
+        defaults[contract.FLIGHT_RECORDER_FILE] = flight_recorder_prefix(checkpoint_dir, attempt)
+    return defaults
 
 
 def worker_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[Obj]:
-    """The contract first, then the user's env (which may refer to it as $(NAME))."""
+    """The contract first, then the user's env (which may refer to it as $(NAME)); a default
+    the user's env also sets is left to the user's."""
     user = [e.model_dump(by_alias=True, exclude_none=True) for e in job.spec.env]
     chosen = {e["name"] for e in user}
     defaults = [
         {"name": name, "value": value}
-        for name, value in _launcher_defaults(job).items()
+        for name, value in _launcher_defaults(job, attempt).items()
         if name not in chosen
     ]
     return contract_env(job, index, attempt) + defaults + user
@@ -133,10 +169,19 @@ def trainer_args(job: DDPTrainingJob) -> list[str]:
     return to_argv(job.spec.trainer) if job.spec.trainer is not None else []
 
 
+def _holds_the_trainer(spec: DDPTrainingJobSpec) -> bool:
+    """Whether the image has the trainer package: the operator's trainer image, or any image
+    that runs the trainer."""
+    return spec.command is None or spec.image is None
+
+
 def _torchrun(job: DDPTrainingJob) -> list[str]:
-    """torchrun and its flags: this pod's node of the job's rendezvous."""
+    """torchrun and its flags: this pod's node of the job's rendezvous. Where the image holds
+    the trainer package, its torchrun, which exits as the failed rank did (a rank killed by a
+    signal restarts the group, a program error fails it); plain torchrun exits 1 for both."""
     spec = job.spec
-    command = ["torchrun", f"--nnodes={_nnodes(spec)}", f"--nproc-per-node={spec.procs_per_node}"]
+    launcher = list(contract.TORCHRUN_COMMAND) if _holds_the_trainer(spec) else ["torchrun"]
+    command = [*launcher, f"--nnodes={_nnodes(spec)}", f"--nproc-per-node={spec.procs_per_node}"]
     if spec.elastic is not None:
         return [
             *command,
@@ -162,7 +207,9 @@ def torchrun_command(job: DDPTrainingJob) -> list[str]:
 
 # Programs that start the ranks themselves: a command starting with one is run as written.
 LAUNCHERS = frozenset({"torchrun", "mpirun", "mpiexec", "horovodrun", "deepspeed", "accelerate"})
-LAUNCHER_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+LAUNCHER_MODULES = frozenset(
+    {"torch.distributed.run", "torch.distributed.launch", contract.TORCHRUN_MODULE}
+)
 SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from ddp_trainer.contract import EXIT_STORAGE
 from tests.trainer import support
 
 KUBE_DDP = str(Path(sys.executable).parent / "kube-ddp")
@@ -108,6 +109,53 @@ def test_a_killed_worker_restarts_the_group_which_resumes_from_its_checkpoint(
     assert summary_value(done.stderr, "phase") == "Succeeded"
 
 
+def test_under_torchrun_a_killed_rank_restarts_the_group_a_missing_dataset_fails_it(
+    tmp_path: Path,
+) -> None:
+    """torchrun exits 1 whatever ended a rank; the pod exits as the rank did: 137 for one
+    SIGKILLed (a group restart), the trainer's own 78 for data that is not there (the job
+    fails fast, saying which code)."""
+    crash = [
+        {"name": "DDP_TRAINER_CRASH_ONCE_AT_EPOCH", "value": "1"},
+        {"name": "DDP_TRAINER_CRASH_MARKER", "value": str(tmp_path / "crashed")},
+    ]
+    trainer = {**DIGITS, "epochs": 2, "checkpointDir": str(tmp_path / "checkpoints")}
+    done = run_job(tmp_path, {"nodes": 1, "nprocPerNode": 2, "trainer": trainer, "env": crash})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (
+        "Warning WorkerFailed: digits-worker-0 exited with code 137 (Error); restarting the group"
+    ) in done.stderr
+    assert summary_value(done.stderr, "phase") == "Succeeded"
+
+    missing = {**DIGITS, "dataset": "mnist", "dataDir": str(tmp_path / "no-data")}
+    failed = run_job(tmp_path, {"nodes": 1, "nprocPerNode": 2, "trainer": missing})
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert summary_value(failed.stderr, "phase") == "Failed"
+    assert f"digits-worker-0 exited with code {EXIT_STORAGE}" in failed.stderr
+    assert "NonRetryableExitCode" in failed.stderr
+
+
+def test_a_hung_rank_is_named_by_its_pod_and_its_peer_ends_retryable(tmp_path: Path) -> None:
+    """Worker 1 hangs in its own code after epoch 1: worker 0's collective times out, it exits
+    88 (a group restart: here none left) and names worker 1's pod, from the downward API."""
+    hang = [
+        {"name": "DDP_TRAINER_HANG_AT_EPOCH", "value": "1"},
+        {"name": "KUBEDDP_HEARTBEAT_SECONDS", "value": "1"},
+    ]
+    trainer = {**DIGITS, "epochs": 50, "timeoutSeconds": 12}
+    spec = {"nodes": 2, "trainer": trainer, "env": hang, "runPolicy": {"backoffLimit": 0}}
+    done = run_job(tmp_path, spec)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "digits-worker-0 exited with code 88" in done.stderr
+    assert "BackoffLimitExceeded" in done.stderr  # retryable, but no restarts left
+    said = re.search(
+        r"\[worker-0\] .*(rank 1 \(pod digits-worker-1, node [^)]+\) stopped .*)", done.stdout
+    )
+    assert said, done.stdout[-3000:]
+    assert "collective(s) behind the others" in said.group(1)
+    assert "[worker-1] ddp_trainer[rank 1]: no step for" in done.stdout
+
+
 def test_the_demo_job_reaches_its_target(tmp_path: Path) -> None:
     """`make demo`: the example file as it is, two workers to the target accuracy."""
     example = support.REPO / "manifests" / "examples" / "digits-cpu.yaml"
@@ -143,3 +191,4 @@ def test_the_own_script_example_runs_under_torchrun_started_by_kube_ddp() -> Non
     assert ranks == {("0", "0"), ("1", "1"), ("2", "0"), ("3", "1")}
     assert "done: 200 steps on 4 ranks" in done.stdout
     assert summary_value(done.stderr, "phase") == "Succeeded"
+    assert summary_value(done.stderr, "epochs") == "2/2"  # its one `report` line

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -14,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from ddp_trainer import progress
+from ddp_trainer.contract import EXIT_PEER_LOST
 from ddp_trainer.report import Heartbeat, StatusReporter, status_url, training_patch
 from kube_ddp.local.plan import free_port
 from tests.trainer import support
@@ -272,3 +275,83 @@ def test_an_epochs_report_puts_off_the_next_heartbeat(
     clock.now += 1
     assert heartbeat.beat(1, 2)
     assert heartbeat.position(2, 0)["progressPercentage"] == 100
+
+
+def test_a_plain_pytorch_script_reports_with_the_helper_from_rank_0_only(
+    api_server: FakeApiServer, token_file: Path
+) -> None:
+    """manifests/examples/own-script/train.py (not the trainer) under real torchrun, 2 ranks:
+    one `report` call per step gives the first step's heartbeat and each epoch's end, from rank
+    0 alone (the heartbeat interval is longer than the run)."""
+    script = support.REPO / "manifests" / "examples" / "own-script" / "train.py"
+    env = support.clean_env(
+        KUBEDDP_JOB_NAME="mnist",
+        KUBEDDP_JOB_NAMESPACE="team-a",
+        KUBEDDP_API_SERVER=api_server.url,
+        KUBEDDP_TOKEN_FILE=str(token_file),
+    )
+    command = [support.TORCHRUN, "--standalone", "--nproc-per-node=2", str(script)]
+    run = support.run([*command, "--epochs", "2", "--steps-per-epoch", "50"], env).check()
+    assert "done: 100 steps on 2 ranks" in run.stdout
+
+    reported = [request["body"]["status"]["training"] for request in api_server.requests]
+    assert [(r["epoch"], r["step"], r["progressPercentage"]) for r in reported] == [
+        (0, 1, 1),  # the first step: the progress deadline counts from there
+        (1, 0, 50),
+        (2, 0, 100),
+    ]
+    assert all(r["epochs"] == 2 and r["stepsPerEpoch"] == 50 for r in reported)
+    assert all(isinstance(r["loss"], float) for r in reported)
+    assert reported[-1]["estimatedRemainingSeconds"] == 0
+    assert all(request["path"] == STATUS_PATH for request in api_server.requests)
+
+
+def test_the_helper_does_nothing_outside_kube_ddp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBEDDP_JOB_NAME", raising=False)
+    progress._heartbeat.cache_clear()
+    assert progress.report(0, 1, 10, 0.5, epochs=1) is False
+
+
+HANGING_SCRIPT = """\
+import datetime, time, torch, torch.distributed as dist
+from ddp_trainer.progress import report
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
+for step in range(1000):
+    if step == 20 and dist.get_rank() == 1:
+        time.sleep(600)  # hung in its own code
+    model(torch.rand(4, 1)).sum().backward()
+    report(0, step + 1, 1000, epochs=1)
+"""
+
+
+def test_a_plain_script_with_the_helper_exits_88_naming_the_hung_rank(tmp_path: Path) -> None:
+    """A lost peer is not the program's bug: with the helper, a plain script's timed-out
+    collective ends it with the trainer's exit code, naming the rank that stopped first."""
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGING_SCRIPT)
+    port = str(free_port())
+    envs = [
+        support.clean_env(
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            KUBEDDP_JOB_NAME="plain",
+            KUBEDDP_JOB_NAMESPACE="team-a",
+            KUBEDDP_POD_NAME=f"plain-worker-{rank}",
+            KUBEDDP_HEARTBEAT_SECONDS="1",
+        )
+        for rank in range(2)
+    ]
+    rank0, rank1 = (support.start([sys.executable, str(script)], env) for env in envs)
+    try:
+        run = support.finish(rank0)
+    finally:
+        rank1.kill()
+        rank1.wait()
+    assert run.returncode == EXIT_PEER_LOST, run.stderr[-3000:]
+    assert "rank 1 (pod plain-worker-1, node " in run.stderr, run.stderr[-3000:]
+    assert "collective(s) behind the others" in run.stderr
+    assert run.stderr.rstrip().endswith("exiting 88 so that the group restarts")

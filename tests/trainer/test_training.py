@@ -197,11 +197,11 @@ def test_missing_data_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in run.stderr
 
 
-def test_a_hung_peer_ends_rank_0_with_the_lost_peer_exit_code(tmp_path: Path) -> None:
-    """Rank 1 stopped (SIGSTOP, as a hung rank) mid-training: rank 0's next collective times
-    out and the trainer exits with its own code, which the operator retries, not 1."""
+def two_ranks(**extra: str) -> list[dict[str, str]]:
+    """The env of two ranks started by hand, pods hung-worker-<rank>, each writing its progress
+    entry every second; `{rank}` in an `extra` value is the rank."""
     port = str(free_port())
-    envs = [
+    return [
         support.clean_env(
             RANK=str(rank),
             WORLD_SIZE="2",
@@ -209,9 +209,18 @@ def test_a_hung_peer_ends_rank_0_with_the_lost_peer_exit_code(tmp_path: Path) ->
             LOCAL_WORLD_SIZE="2",
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=port,
+            KUBEDDP_POD_NAME=f"hung-worker-{rank}",
+            KUBEDDP_HEARTBEAT_SECONDS="1",
+            **{name: value.format(rank=rank) for name, value in extra.items()},
         )
         for rank in range(2)
     ]
+
+
+def test_a_hung_peer_ends_rank_0_with_the_lost_peer_exit_code(tmp_path: Path) -> None:
+    """Rank 1 stopped (SIGSTOP, as a hung rank) mid-training: rank 0's next collective times
+    out and the trainer exits with its own code, which the operator retries, not 1."""
+    envs = two_ranks(KUBEDDP_NODE_NAME="node-{rank}")
     args = ["--dataset", "synthetic", "--epochs", "500", "--timeout-seconds", "10"]
     rank0, rank1 = (support.start(support.trainer_command(*args), env) for env in envs)
     try:
@@ -226,3 +235,26 @@ def test_a_hung_peer_ends_rank_0_with_the_lost_peer_exit_code(tmp_path: Path) ->
         rank1.wait()
     assert run.returncode == EXIT_PEER_LOST, run.stderr[-2000:]
     assert "a collective timed out or a peer went away" in run.stderr
+    # Rank 0 failed, and names the rank that stopped first (its entry in the store went stale).
+    assert "rank 1 (pod hung-worker-1, node node-1) stopped first" in run.stderr, run.stderr[-2000:]
+    assert "silent for" in run.stderr
+
+
+def test_a_rank_hung_in_its_own_code_is_named_and_shows_where_it_is() -> None:
+    """Rank 1 sleeps in Python after epoch 1 (its process runs on, unlike a SIGSTOP): rank 0
+    times out, exits 88 and names rank 1 by its collectives, fallen behind; rank 1 has logged
+    its stack, stalled in the hook, before the timeout."""
+    envs = two_ranks(DDP_TRAINER_HANG_AT_EPOCH="1")
+    args = ["--dataset", "synthetic", "--epochs", "500", "--timeout-seconds", "12"]
+    rank0, rank1 = (support.start(support.trainer_command(*args), env) for env in envs)
+    try:
+        run = support.finish(rank0)
+    finally:
+        rank1.kill()
+        _, hung_stderr = rank1.communicate()
+    assert run.returncode == EXIT_PEER_LOST, run.stderr[-2000:]
+    said = "rank 1 (pod hung-worker-1, node "
+    assert said in run.stderr and "collective(s) behind the others" in run.stderr, run.stderr
+    assert "silent for" not in run.stderr  # its ledger thread wrote on
+    assert "no step for" in hung_stderr, hung_stderr[-2000:]
+    assert "in hang_if_asked" in hung_stderr  # faulthandler's stack: where it hangs

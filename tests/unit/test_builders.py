@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from ddp_trainer import contract
 from kube_ddp import names
 from kube_ddp.builders import (
     RESTRICTED_CONTAINER_CONTEXT,
@@ -19,11 +20,19 @@ from kube_ddp.builders import (
 )
 from tests.unit.support import make_job, validate_strict
 
+TORCHRUN = contract.TORCHRUN_COMMAND
+
 SETTINGS = BuildSettings(trainer_image="registry.example/trainer:1")
 
 
 def env_of(container: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e.get("value", "") for e in container["env"]}
+    """Each variable's value; one from the downward API as `fieldRef:<path>`."""
+    return {e["name"]: e.get("value", "") or _field_ref(e) for e in container["env"]}
+
+
+def _field_ref(variable: dict[str, Any]) -> str:
+    path = variable.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    return f"fieldRef:{path}" if path else ""
 
 
 def worker(spec: dict[str, Any], index: int = 0, attempt: int = 0) -> dict[str, Any]:
@@ -41,6 +50,13 @@ MASTER = "bar-worker-0.bar.ns1.svc"
 GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
 GAUDI_2X8 = {"nodes": 2, "accelerator": {"type": "gaudi", "perNode": 8}}
 ELASTIC = {"nodes": 2, "elastic": {"minNodes": 1, "maxNodes": 4}, "nprocPerNode": 2}
+# An NCCL job's watchdog: a hang or a lost peer ends the process in bounded time, with a trace.
+NCCL_WATCHDOG = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    "TORCH_NCCL_ENABLE_MONITORING": "1",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,8 @@ def every_worker_gets(index_env: dict[str, str]) -> dict[str, str]:
         "KUBEDDP_JOB_NAME": "bar",
         "KUBEDDP_JOB_NAMESPACE": "ns1",
         "KUBEDDP_ATTEMPT": "2",
+        "KUBEDDP_POD_NAME": "fieldRef:metadata.name",  # where a rank ran, to name one that hung
+        "KUBEDDP_NODE_NAME": "fieldRef:spec.nodeName",
         **{f"PET_{name}": index_env[name] for name in mirrored},
     }
 
@@ -97,7 +115,8 @@ CONTRACT = [
             "WORLD_SIZE": "16",
             "DDP_BACKEND": "nccl",
         },
-        command=["torchrun", "--nnodes=2", "--nproc-per-node=8", "--node-rank=$(NODE_RANK)"],
+        command=[*TORCHRUN, "--nnodes=2", "--nproc-per-node=8", "--node-rank=$(NODE_RANK)"],
+        launcher_defaults=NCCL_WATCHDOG,
     ),
     ContractCase(
         id="2x8 gaudi",
@@ -110,7 +129,7 @@ CONTRACT = [
             "WORLD_SIZE": "16",
             "DDP_BACKEND": "hccl",
         },
-        command=["torchrun", "--nnodes=2", "--nproc-per-node=8"],
+        command=[*TORCHRUN, "--nnodes=2", "--nproc-per-node=8"],
     ),
     ContractCase(
         id="elastic 1:4 x 2",
@@ -124,7 +143,7 @@ CONTRACT = [
             "DDP_BACKEND": "gloo",
         },
         command=[
-            "torchrun",
+            *TORCHRUN,
             "--nnodes=1:4",
             "--nproc-per-node=2",
             "--rdzv-backend=c10d",
@@ -417,8 +436,19 @@ def test_own_command_with_one_process_a_pod_runs_as_the_rank_itself() -> None:
 def test_own_command_under_elastic_gets_torchrun_with_a_rendezvous() -> None:
     spec = {"nodes": 2, "elastic": {"minNodes": 1, "maxNodes": 2}, "command": ["./train"]}
     command = container_of(worker(spec))["command"]
-    assert command[0] == "torchrun" and "--rdzv-backend=c10d" in command
+    assert command[:3] == list(TORCHRUN) and "--rdzv-backend=c10d" in command
     assert command[-2:] == ["--no-python", "./train"]
+
+
+def test_torchrun_in_front_of_ranks_exits_as_the_failed_rank_where_the_image_can() -> None:
+    """The trainer image (and any image running the trainer) holds the torchrun that exits
+    with the failed rank's own code; an image of the user's own gets torchrun itself."""
+    own_script = {"nodes": 2, "nprocPerNode": 2, "command": ["python", "train.py"]}
+    assert container_of(worker(own_script))["command"][:3] == list(TORCHRUN)
+    trainer_in_own_image = {"nodes": 2, "nprocPerNode": 2, "image": "me/trainer:1"}
+    assert container_of(worker(trainer_in_own_image))["command"][:3] == list(TORCHRUN)
+    own_image = {**own_script, "image": "me/train:2"}
+    assert container_of(worker(own_image))["command"][0] == "torchrun"
 
 
 @pytest.mark.parametrize(
@@ -427,6 +457,7 @@ def test_own_command_under_elastic_gets_torchrun_with_a_rendezvous() -> None:
         ["torchrun", "--nproc-per-node=2", "train.py"],
         ["/opt/conda/bin/torchrun", "train.py"],
         ["python", "-m", "torch.distributed.run", "train.py"],
+        ["python", "-m", "ddp_trainer.torchrun", "train.py"],
         ["python3", "-u", "-m", "torch.distributed.launch", "train.py"],
         ["mpirun", "-np", "4", "python", "train.py"],
         ["bash", "-c", "pip install -e . && torchrun --nproc-per-node=2 train.py"],
@@ -588,8 +619,25 @@ def test_reserved_env_is_exactly_what_the_builders_set() -> None:
         for child in build_children(job):
             for container in _containers(child):
                 injected |= {e["name"] for e in container["env"]}
-    injected.discard("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")  # a default the user may override
+    injected -= {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", *NCCL_WATCHDOG}  # defaults, overridable
     assert injected == set(names.RESERVED_ENV)
+
+
+def test_nccl_jobs_get_the_watchdog_and_the_users_own_setting_wins() -> None:
+    spec = {**GPU_2X8, "env": [{"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"}]}
+    env = container_of(worker(spec))["env"]
+    assert [e["value"] for e in env if e["name"] == "TORCH_NCCL_ASYNC_ERROR_HANDLING"] == ["1"]
+    assert env_of(container_of(worker(GPU_2X8))).items() >= NCCL_WATCHDOG.items()
+    gloo = env_of(container_of(worker({"nodes": 2, "nprocPerNode": 2})))
+    assert not any(name.startswith("TORCH_NCCL_") for name in gloo)
+
+
+def test_flight_recorder_dumps_go_beside_the_checkpoints_one_name_per_attempt() -> None:
+    spec = {"nodes": 2, "trainer": {"checkpointDir": "/ckpt/"}}
+    env = env_of(container_of(worker(spec, index=1, attempt=3)))
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/ckpt/flight-recorder/attempt-3-rank-"
+    relative = env_of(container_of(worker({"nodes": 2, "trainer": {"checkpointDir": "ck"}})))
+    assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in relative  # the working dir is the image's
 
 
 def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ def render(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[An
 
 
 def env(pod: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
 
 
 def image_note(job: str, what: str) -> str:

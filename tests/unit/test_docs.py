@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kube_ddp.builders import NCCL_WATCHDOG_ENV
 from kube_ddp.reasons import PodReason, Reason
 from tests.unit.support import REPO
 
@@ -93,3 +94,9 @@ def test_the_gaudi_example_names_the_image_install_md_builds_with_mpi() -> None:
     for build in for_the_example:
         assert "--build-arg WITH_MPI=true" in build
         assert "--build-arg BASE_IMAGE=vault.habana.ai/gaudi-docker/" in build
+
+
+def test_the_design_lists_every_watchdog_setting_with_its_value() -> None:
+    design = (REPO / "docs" / "design.md").read_text()
+    for name, value in NCCL_WATCHDOG_ENV.items():
+        assert f"| `{name}` | {value} |" in design, name

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ddp_trainer import contract
 from ddp_trainer.report import StatusReporter, training_patch
 from kube_ddp import names
 from kube_ddp.builders import worker_env
@@ -108,7 +109,7 @@ def test_a_torchrun_pod_runs_its_command_with_the_env_contract(
     port = str(job.spec.port)
     first, second = worker_launches(job, 0, (0, 1), settings())
     assert second.argv == [
-        "torchrun",
+        *contract.TORCHRUN_COMMAND,
         "--nnodes=2",
         "--nproc-per-node=2",
         "--node-rank=1",
@@ -121,10 +122,17 @@ def test_a_torchrun_pod_runs_its_command_with_the_env_contract(
     ]
     master = names.master_addr(job.name, job.namespace)
     for launch in (first, second):
-        built = {e["name"]: e["value"] for e in worker_env(job, launch.index, 0)}
+        built = {e["name"]: e["value"] for e in worker_env(job, launch.index, 0) if "value" in e}
         assert built["MASTER_ADDR"] == master
-        # Every variable of the contract, as the builders set it; only the address is local.
-        assert launch.pod_env == {k: v.replace(master, "127.0.0.1") for k, v in built.items()}
+        # Every variable of the contract, as the builders set it; only the address is local,
+        # and the downward API's pod and node are this process's pod and this machine.
+        pod = f"{job.name}-worker-{launch.index}"
+        where = {"KUBEDDP_POD_NAME": pod, "KUBEDDP_NODE_NAME": socket.gethostname()}
+        assert launch.pod_env == {
+            **{k: v.replace(master, "127.0.0.1") for k, v in built.items()},
+            **where,
+        }
+        built |= where
         assert {k: launch.env[k] for k in built} == launch.pod_env
         assert launch.env["CUDA_VISIBLE_DEVICES"] == ""  # a cpu pod sees no GPU
         assert launch.env["OMP_NUM_THREADS"] == "1"  # 2 cores shared by 4 processes

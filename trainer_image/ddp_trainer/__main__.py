@@ -9,13 +9,10 @@ naming what and how to fix it; a traceback only for bugs.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
-from ddp_trainer.contract import EXIT_PEER_LOST
-from ddp_trainer.errors import TrainerError, is_peer_lost, storage_error
+from ddp_trainer.errors import TrainerError, exit_peer_lost, is_peer_lost, storage_error
 from ddp_trainer.options import parse_argv
 
 PROG = "ddp-train"
@@ -38,26 +35,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except Exception as exc:
         if is_peer_lost(exc):
-            _exit_peer_lost(exc)
+            exit_peer_lost(PROG, exc)
         if not isinstance(exc, OSError) or exc.filename is None:
             raise  # not about a path: a bug, shown with its traceback
         error = storage_error(exc)
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return error.exit_code
     return 0
-
-
-def _exit_peer_lost(exc: BaseException) -> NoReturn:
-    print(
-        f"{PROG}: error: {exc}\n{PROG}: a collective timed out or a peer went away: "
-        f"exiting {EXIT_PEER_LOST} so that the group restarts",
-        file=sys.stderr,
-        flush=True,
-    )
-    sys.stdout.flush()
-    # Not sys.exit: gloo's threads abort the interpreter's shutdown (SIGABRT), which would hide
-    # this exit code.
-    os._exit(EXIT_PEER_LOST)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@ API_PLURAL: Final = "ddptrainingjobs"
 # --- how a worker runs the trainer ----------------------------------------------------------
 TRAINER_MODULE: Final = "ddp_trainer"  # python -m ddp_trainer
 TRAINER_COMMAND: Final = ("python", "-m", TRAINER_MODULE)
+# torchrun that exits as its failed rank did (128 + the signal that killed it, or the rank's own
+# code), where torchrun exits 1: in front of the ranks of every image that holds this package.
+TORCHRUN_MODULE: Final = f"{TRAINER_MODULE}.torchrun"
+TORCHRUN_COMMAND: Final = ("python", "-m", TORCHRUN_MODULE)
 # The user and group the trainer image runs as (trainer_image/Dockerfile's USER): the
 # operator gives worker pods this fsGroup, so volumes are writable by it.
 IMAGE_UID: Final = 10001
@@ -43,6 +47,11 @@ DDP_BACKEND: Final = "DDP_BACKEND"
 JOB_NAME: Final = "KUBEDDP_JOB_NAME"
 JOB_NAMESPACE: Final = "KUBEDDP_JOB_NAMESPACE"
 ATTEMPT: Final = "KUBEDDP_ATTEMPT"
+# The pod and node a rank runs in (the downward API's metadata.name and spec.nodeName), so that
+# the rank that stopped first can be named where it ran.
+POD_NAME: Final = "KUBEDDP_POD_NAME"
+NODE_NAME: Final = "KUBEDDP_NODE_NAME"
+FIELD_OF: Final = {POD_NAME: "metadata.name", NODE_NAME: "spec.nodeName"}
 
 # torchrun reads its flags from PET_<FLAG> too; the operator sets both spellings.
 TORCHRUN_PREFIX: Final = "PET_"
@@ -67,6 +76,7 @@ RESERVED_ENV: Final = (
     JOB_NAME,
     JOB_NAMESPACE,
     ATTEMPT,
+    *FIELD_OF,
 )
 
 # --- silent failures: progress heartbeats and a lost peer ------------------------------------
@@ -76,6 +86,10 @@ RESERVED_ENV: Final = (
 HEARTBEAT_SECONDS: Final = 30
 HEARTBEAT_ENV: Final = "KUBEDDP_HEARTBEAT_SECONDS"  # a shorter heartbeat, for tests
 MIN_PROGRESS_DEADLINE_SECONDS: Final = 2 * HEARTBEAT_SECONDS
+# Where torch writes each rank's flight-recorder dump (a path prefix; torch adds the rank; torch
+# 2.15 also reads TORCH_FR_DUMP_TEMP_FILE): the operator points it beside the checkpoints and
+# the trainer creates its directory.
+FLIGHT_RECORDER_FILE: Final = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 # The trainer's exit code when a collective timed out or a peer went away (torch.distributed
 # raised, not the program): the operator's default rules restart the group for it.
 EXIT_PEER_LOST: Final = 88

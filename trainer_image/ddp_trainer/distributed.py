@@ -280,6 +280,7 @@ def init_process_group(
     if backend == "hccl":
         # registers the hccl backend
         import habana_frameworks.torch.distributed.hccl  # type: ignore[import-not-found]  # noqa: F401
+    _make_flight_recorder_dir(env)
     timeout = timedelta(seconds=timeout_s)
     store = _restart_safe_store(world, env, timeout)
     dist.init_process_group(
@@ -291,6 +292,17 @@ def init_process_group(
         timeout=timeout,
         device_id=device if device.type == "cuda" else None,
     )
+
+
+def _make_flight_recorder_dir(env: Mapping[str, str]) -> None:
+    """torch writes its flight-recorder dumps to this prefix but creates no directory."""
+    prefix = env.get(contract.FLIGHT_RECORDER_FILE)
+    if not prefix:
+        return
+    try:
+        Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a trace lost, not a reason to stop training
+        log.warning("no flight-recorder dumps at %s: %s", prefix, exc)
 
 
 def _restart_safe_store(world: World, env: Mapping[str, str], timeout: timedelta) -> Any:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import sys
 from collections.abc import Iterator
+from typing import NoReturn
 
 from ddp_trainer import contract
 
@@ -91,3 +93,17 @@ def is_peer_lost(exc: BaseException) -> bool:
     if any(kind.__name__ in DISTRIBUTED_ERRORS for kind in type(exc).__mro__):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in LOST_PEER_MARKERS)
+
+
+def exit_peer_lost(prog: str, exc: BaseException) -> NoReturn:
+    """End this process with `contract.EXIT_PEER_LOST`, saying why in the last line."""
+    print(
+        f"{prog}: error: {exc}\n{prog}: a collective timed out or a peer went away: "
+        f"exiting {contract.EXIT_PEER_LOST} so that the group restarts",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    # Not sys.exit: gloo's threads abort the interpreter's shutdown (SIGABRT), which would hide
+    # this exit code.
+    os._exit(contract.EXIT_PEER_LOST)

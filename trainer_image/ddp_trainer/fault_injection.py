@@ -1,4 +1,5 @@
-"""A test hook, inert unless its variables are set: one rank crashes once at a chosen epoch.
+"""Test hooks, inert unless their variables are set: one rank crashes once at a chosen epoch,
+or hangs there.
 
   DDP_TRAINER_CRASH_ONCE_AT_EPOCH=k   after epoch k (and its checkpoint) ...
   DDP_TRAINER_CRASH_MARKER=path       ... if this file does not exist yet, create it and ...
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -32,3 +34,14 @@ def crash_once_if_asked(epoch: int, rank: int, world_size: int, env: Mapping[str
     except FileExistsError:
         return  # crashed once already
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hang_if_asked(epoch: int, rank: int, world_size: int, env: Mapping[str, str]) -> None:
+    """DDP_TRAINER_HANG_AT_EPOCH=k: after epoch k, rank DDP_TRAINER_CRASH_RANK (default the
+    last) sleeps forever in Python, as a rank hung in its own code (a data loader, a deadlock)."""
+    at_epoch = env.get("DDP_TRAINER_HANG_AT_EPOCH")
+    if not at_epoch or int(at_epoch) != epoch:
+        return
+    if rank == int(env.get("DDP_TRAINER_CRASH_RANK", world_size - 1)):
+        while True:
+            time.sleep(1)

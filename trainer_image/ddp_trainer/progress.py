@@ -1,16 +1,22 @@
-"""What rank 0 shows: a progress bar on a terminal, one JSON line per epoch, the summary file."""
+"""What rank 0 shows: a progress bar on a terminal, one JSON line per epoch, the summary file;
+and `report`, the progress of a program of the user's own."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TextIO
+from types import TracebackType
+from typing import SupportsFloat, TextIO
 
-from ddp_trainer.errors import storage
+from ddp_trainer import contract, culprit
+from ddp_trainer.errors import exit_peer_lost, is_peer_lost, storage
+from ddp_trainer.report import Heartbeat, StatusReporter
 
 
 @dataclass(frozen=True)
@@ -82,3 +88,83 @@ class ProgressBar:
         if self.enabled:
             self.stream.write("\r\x1b[2K")
             self.stream.flush()
+
+
+# --- progress from a program of the user's own -------------------------------------------------
+
+
+def report(
+    epoch: int,
+    step: int,
+    steps_per_epoch: int,
+    loss: SupportsFloat | None = None,
+    *,
+    epochs: int,
+) -> bool:
+    """Tell kube-ddp where training stands, from a program of your own: call it after every
+    step, `step` steps (1, 2, ... `steps_per_epoch`) into epoch `epoch` (0, 1, ...).
+
+    Rank 0 sends the job's status.training (step, progressPercentage,
+    estimatedRemainingSeconds, loss) at most every 30 s and at the end of each epoch, which is
+    what runPolicy.progressDeadlineSeconds and `kubectl get ddpjobs` read; on every other rank,
+    and outside kube-ddp, it does nothing. Under kube-ddp every rank also keeps its progress
+    in the group's store (`ddp_trainer.culprit`): a collective that times out or a peer that
+    goes away then ends the program with the trainer's own exit code, 88, which restarts the
+    group, naming the rank that stopped first. `loss` (a float or a tensor) is read only when a
+    report goes out, so passing a device tensor costs no sync per step. Standard library only;
+    a failed report is a warning and never stops training. True when a report was accepted.
+
+        from ddp_trainer.progress import report
+        report(epoch, step + 1, len(loader), loss, epochs=epochs)
+    """
+    ledger = _watch_peers()
+    if ledger is not None:
+        ledger.step = epoch * steps_per_epoch + step
+    heartbeat = _heartbeat(epochs, steps_per_epoch)
+    if heartbeat is None:
+        return False
+    if step < steps_per_epoch:
+        return heartbeat.beat(epoch, step, loss)
+    # The epoch's end: reported whenever it comes, as the trainer reports its epochs.
+    return heartbeat.send(epoch + 1, 0, loss, final=epoch + 1 >= epochs)
+
+
+@functools.cache
+def _heartbeat(epochs: int, steps_per_epoch: int) -> Heartbeat | None:
+    """This process's heartbeat, made on the first report (None: not rank 0 of a job kube-ddp
+    runs)."""
+    if os.environ.get(contract.RANK, "0") != "0":
+        return None
+    reporter = StatusReporter.from_env(os.environ)
+    if reporter is None:
+        return None
+    every = Heartbeat.every_from_env(os.environ)
+    return Heartbeat(reporter, epochs=epochs, steps_per_epoch=steps_per_epoch, every=every)
+
+
+_PEER_WATCH: dict[str, culprit.Ledger] = {}
+
+
+def _watch_peers() -> culprit.Ledger | None:
+    """On each rank of a job kube-ddp runs, once its process group is up: this rank's ledger,
+    and an exception hook that turns a lost peer into the trainer's exit, 88."""
+    if "ledger" in _PEER_WATCH or not os.environ.get(contract.JOB_NAME):
+        return _PEER_WATCH.get("ledger")
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_initialized():
+        return None
+    ledger = _PEER_WATCH["ledger"] = culprit.start_ledger(dist.get_rank(), os.environ)
+    uncaught = sys.excepthook
+
+    def peer_lost_exits_88(
+        kind: type[BaseException], exc: BaseException, trace: TracebackType | None
+    ) -> None:
+        if not is_peer_lost(exc):
+            uncaught(kind, exc, trace)
+            return
+        traceback.print_exception(kind, exc, trace, file=sys.stderr)
+        print(culprit.name_the_culprit(ledger, dist.get_world_size()), file=sys.stderr)
+        exit_peer_lost(f"rank {dist.get_rank()}", exc)
+
+    sys.excepthook = peer_lost_exits_88
+    return ledger

@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsFloat
 
 from ddp_trainer import contract
 
@@ -59,11 +59,11 @@ def training_patch(
     training = {
         "epoch": epoch,
         "epochs": epochs,
-        "loss": _finite(loss, 6),
-        "valAccuracy": _finite(val_accuracy, 6),
-        "bestValAccuracy": _finite(best_val_accuracy, 6),
-        "imagesPerSec": _finite(images_per_sec, 1),
-        "updatedAt": _stamp(now),
+        "loss": finite(loss, 6),
+        "valAccuracy": finite(val_accuracy, 6),
+        "bestValAccuracy": finite(best_val_accuracy, 6),
+        "imagesPerSec": finite(images_per_sec, 1),
+        "updatedAt": stamp(now),
     }
     return {"status": {"training": training}}
 
@@ -130,26 +130,36 @@ class Heartbeat:
             remaining_seconds=remaining,
         )
 
-    def beat(self, epoch: int, step: int) -> bool:
-        """Report `step` steps into the epoch after `epoch` if a heartbeat is due."""
+    def beat(self, epoch: int, step: int, loss: SupportsFloat | None = None) -> bool:
+        """Report `step` steps into the epoch after `epoch` if a heartbeat is due. `loss` is
+        read (`float`, a device sync for a tensor) only then."""
         if self.first_step is None:
             self.first_step = epoch * self.steps_per_epoch + step - 1
         if self.clock() - self.last < self.every:
             return False
+        return self.send(epoch, step, loss)
+
+    def send(
+        self, epoch: int, step: int, loss: SupportsFloat | None = None, final: bool = False
+    ) -> bool:
+        """Report `step` steps into the epoch after `epoch` now; the next heartbeat is due an
+        interval later."""
         self.last = self.clock()
-        training = {**self.position(epoch, step), "updatedAt": _stamp(now_utc())}
-        return self.reporter.report({"status": {"training": training}})
+        training = {**self.position(epoch, step), "updatedAt": stamp(now_utc())}
+        if loss is not None:
+            training["loss"] = finite(float(loss), 6)
+        return self.reporter.report({"status": {"training": training}}, final=final)
 
     def reported(self) -> None:
         """An epoch's report went out: the next heartbeat is due an interval later."""
         self.last = self.clock()
 
 
-def _stamp(moment: datetime) -> str:
+def stamp(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _finite(value: float, digits: int) -> float | None:
+def finite(value: float, digits: int) -> float | None:
     """JSON has no NaN: a diverged loss is reported as null."""
     return round(value, digits) if math.isfinite(value) else None
 

@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import checkpoint, distributed
+from ddp_trainer import checkpoint, culprit, distributed
 from ddp_trainer.batches import (
     Batches,
     Normalizer,
@@ -39,8 +39,8 @@ from ddp_trainer.batches import (
     train_shard,
 )
 from ddp_trainer.datasets import Splits, download_dataset, load_dataset
-from ddp_trainer.errors import TrainerError
-from ddp_trainer.fault_injection import crash_once_if_asked
+from ddp_trainer.errors import TrainerError, is_peer_lost
+from ddp_trainer.fault_injection import crash_once_if_asked, hang_if_asked
 from ddp_trainer.models import build_model
 from ddp_trainer.options import TrainerOptions
 from ddp_trainer.progress import EpochMetrics, ProgressBar, Summary, epoch_line, write_summary
@@ -63,6 +63,10 @@ def run(options: TrainerOptions) -> Summary:
     try:
         recipe.setup()
         return recipe.train()
+    except Exception as exc:
+        if is_peer_lost(exc):
+            recipe.name_the_culprit()
+        raise
     finally:
         recipe.cleanup()
 
@@ -129,6 +133,7 @@ class Recipe:
     reporter: StatusReporter | None
     heartbeat: Heartbeat | None  # rank 0's progress within an epoch
     bar: ProgressBar
+    ledger: culprit.Ledger | None = None  # this rank's progress in the group's store
 
     def __init__(self, options: TrainerOptions) -> None:
         self.options = options
@@ -166,6 +171,9 @@ class Recipe:
             distributed.init_process_group(
                 self.world, device, self.backend, options.timeout_seconds, os.environ
             )
+            # A rank without a step for most of the collective timeout logs its stacks.
+            stall_after = options.timeout_seconds * culprit.STALL_SHARE
+            self.ledger = culprit.start_ledger(self.world.rank, os.environ, stall_after)
         torch.manual_seed(options.seed)
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True
@@ -322,6 +330,7 @@ class Recipe:
                 print(epoch_line(metrics), flush=True)
                 self.report(metrics)
             crash_once_if_asked(epoch, self.world.rank, self.world.world_size, os.environ)
+            hang_if_asked(epoch, self.world.rank, self.world.world_size, os.environ)
         return self.finish()
 
     def run_epoch(self, epoch: int) -> EpochMetrics:
@@ -390,6 +399,8 @@ class Recipe:
             self.bar.update(epoch, self.options.epochs, step + 1, self.steps_per_epoch, started)
             if self.heartbeat is not None:
                 self.heartbeat.beat(epoch - 1, step + 1)
+            if self.ledger is not None:
+                self.ledger.step = first_step + step + 1
         return loss_sum, seen
 
     @torch.no_grad()
@@ -500,7 +511,14 @@ class Recipe:
             )
         return summary
 
+    def name_the_culprit(self) -> None:
+        """A collective timed out or a peer went away: say which rank stopped first."""
+        if self.ledger is not None:
+            log.error("%s", culprit.name_the_culprit(self.ledger, self.world.world_size))
+
     def cleanup(self) -> None:
+        if self.ledger is not None:
+            self.ledger.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -1,8 +1,13 @@
-"""A plain PyTorch DDP script, as you would write it for one machine: no kube-ddp import.
+"""A plain PyTorch DDP script, as you would write it for one machine, plus one kube-ddp line.
 
 torchrun (which kube-ddp starts for `nprocPerNode` > 1) or kube-ddp itself (one process a pod)
 sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; `init_process_group` reads
 them. It fits a linear model to y = 3x + 1 on data each rank makes for itself.
+
+`report` (in the trainer image's ddp_trainer package, standard library only) tells kube-ddp
+where training stands: the job's status gets the step, the percentage done and the time left,
+and runPolicy.progressDeadlineSeconds can tell a hung group from a slow one. Outside kube-ddp,
+and on ranks other than 0, it does nothing.
 """
 
 import argparse
@@ -12,10 +17,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ddp_trainer.progress import report
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--steps-per-epoch", type=int, default=100)
     args = parser.parse_args()
 
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -27,15 +35,18 @@ def main() -> None:
     torch.manual_seed(rank)
     model = DistributedDataParallel(torch.nn.Linear(1, 1).to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(args.steps):
-        x = torch.rand(64, 1, device=device)
-        loss = torch.nn.functional.mse_loss(model(x), 3 * x + 1)
-        optimizer.zero_grad()
-        loss.backward()  # DDP averages the gradients of all ranks here
-        optimizer.step()
+    for epoch in range(args.epochs):
+        for step in range(args.steps_per_epoch):
+            x = torch.rand(64, 1, device=device)
+            loss = torch.nn.functional.mse_loss(model(x), 3 * x + 1)
+            optimizer.zero_grad()
+            loss.backward()  # DDP averages the gradients of all ranks here
+            optimizer.step()
+            report(epoch, step + 1, args.steps_per_epoch, loss, epochs=args.epochs)
     if rank == 0:
         weight, bias = model.module.weight.item(), model.module.bias.item()
-        print(f"done: {args.steps} steps on {world} ranks, y = {weight:.2f}x + {bias:.2f}")
+        steps = args.epochs * args.steps_per_epoch
+        print(f"done: {steps} steps on {world} ranks, y = {weight:.2f}x + {bias:.2f}")
     dist.destroy_process_group()
 
 

@@ -1,0 +1,93 @@
+"""A rank's own end under torchrun, for real: `python -m ddp_trainer.torchrun` (what kube-ddp runs
+in front of its ranks) exits as the rank that failed first did, where torchrun itself exits 1."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_TEMPORARY
+from ddp_trainer.torchrun import cause, exit_code
+from tests.trainer import support
+
+# Rank 1 ends as argv[1] says once the group is up; rank 0 waits in a collective until torchrun
+# stops it, as a healthy rank does when its peer dies.
+SCRIPT = """\
+import os, signal, sys
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+dist.barrier()
+if dist.get_rank() == 1:
+    how = sys.argv[1]
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "raise":
+        raise ValueError("a bug in the program")
+    os._exit(int(how))
+dist.barrier()
+"""
+
+
+def wrapped_torchrun(script: Path, how: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "ddp_trainer.torchrun",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts=0",
+        "--monitor-interval=0.2",
+        str(script),
+        how,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "said"),
+    [
+        ("kill", 137, "rank 1 was killed by SIGKILL first: exiting 137"),
+        ("raise", 1, "rank 1 exited with code 1 first: exiting 1"),
+        (str(EXIT_PEER_LOST), EXIT_PEER_LOST, f"exiting {EXIT_PEER_LOST}"),
+        (str(EXIT_TEMPORARY), EXIT_TEMPORARY, f"exiting {EXIT_TEMPORARY}"),
+    ],
+)
+def test_the_pod_exits_as_its_failed_rank_did(
+    tmp_path: Path, how: str, code: int, said: str
+) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(SCRIPT)
+    run = support.run(wrapped_torchrun(script, how))
+    assert run.returncode == code, run.stderr[-3000:]
+    assert run.stderr.rstrip().endswith(said)  # the last line: the pod's failure message
+    # each failed rank in a line, not torchrun's long summary: the log's tail stays the ranks'
+    assert "ddp_trainer.torchrun: rank 1 (local rank 1, pid " in run.stderr
+    assert "Root Cause (first observed failure)" not in run.stderr
+    if how == "raise":
+        assert "ValueError: a bug in the program" in run.stderr
+
+
+def test_a_run_that_succeeds_exits_0(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n")
+    assert support.run(wrapped_torchrun(script, "unused")).returncode == 0
+
+
+def failure(exitcode: int, timestamp: int) -> ProcessFailure:
+    ended = ProcessFailure(local_rank=0, pid=1, exitcode=exitcode, error_file="<N/A>")
+    ended.timestamp = timestamp
+    return ended
+
+
+def test_the_cause_is_the_killed_rank_not_the_peer_that_saw_it_die_first() -> None:
+    """torchrun's first failure is by time in whole seconds: a healthy rank's lost-peer exit
+    can be written down before its killed peer is noticed."""
+    assert cause({0: failure(EXIT_PEER_LOST, 10), 1: failure(-9, 11)})[0] == 1
+    assert cause({0: failure(EXIT_PEER_LOST, 10), 1: failure(1, 11)})[0] == 1
+    assert cause({0: failure(78, 12), 1: failure(1, 11)})[0] == 1
+    # torchrun lists the ranks it stopped itself after the one that failed
+    assert cause({1: failure(1, 11), 0: failure(-15, 11)})[0] == 1
+    assert exit_code(-9) == 137 and exit_code(EXIT_TEMPORARY) == EXIT_TEMPORARY

@@ -1,0 +1,94 @@
+"""torchrun that ends as its failed rank ended: `python -m ddp_trainer.torchrun <torchrun args>`.
+
+torchrun exits 1 whatever ended a rank, so a rank SIGKILLed (by the OOM killer or a person), a
+download that failed (75) and a lost peer (88) all read as a program error. This runs torchrun's
+own `main` in this process and, when a rank failed, exits with the exit code of the rank whose
+failure caused the others, or 128 + the signal that killed it, as a shell reports a child of its
+own. The operator's failure rules then judge the rank's own end (docs/design.md, "Failure
+rules").
+Standard library and torch only: it runs in any image that has both and this package.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from ddp_trainer.contract import EXIT_PEER_LOST
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+PROG = "ddp_trainer.torchrun"
+SIGNALLED = 128  # a process killed by signal n ends as 128 + n, as the kubelet reports it
+
+
+def cause(failures: Mapping[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
+    """The failed rank that caused the others. Not torchrun's own first failure: its times have
+    a resolution of a second, and a healthy rank that saw its peer die may be written down
+    before the killed one is noticed. So: a rank torchrun stopped itself (SIGTERM, once one had
+    failed; it lists them too) last; then a rank killed by a signal, then one that did not exit
+    for a lost peer (its peers' collectives broke because of it); then the earliest, and within
+    a second, the one torchrun saw first (its failures are listed in the order it saw them)."""
+    ranked = [
+        (
+            failure.exitcode == -signal.SIGTERM,
+            failure.exitcode >= 0,
+            failure.exitcode == EXIT_PEER_LOST,
+            failure.timestamp,
+            position,
+            rank,
+        )
+        for position, (rank, failure) in enumerate(failures.items())
+    ]
+    rank = min(ranked)[-1]
+    return rank, failures[rank]
+
+
+def exit_code(rank_exit: int) -> int:
+    """A rank's end as its own process's exit code: torch reports a signal n as -n."""
+    return SIGNALLED - rank_exit if rank_exit < 0 else rank_exit
+
+
+def how_it_ended(rank_exit: int) -> str:
+    if rank_exit >= 0:
+        return f"exited with code {rank_exit}"
+    try:
+        name = signal.Signals(-rank_exit).name
+    except ValueError:
+        name = f"signal {-rank_exit}"
+    return f"was killed by {name}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun(list(sys.argv[1:] if argv is None else argv))
+    except ChildFailedError as exc:
+        rank, failure = cause(exc.failures)
+        code = exit_code(failure.exitcode)
+        # One line per failed rank, then why this process ends with the code it does. Not
+        # torchrun's summary, whose tracebacks the ranks have printed already: the kubelet keeps
+        # only the log's last 2 KB as the pod's failure message, and the ranks' own last
+        # lines (which rank stopped first) must stay in it.
+        for failed, ended in exc.failures.items():
+            said = f"{PROG}: rank {failed} (local rank {ended.local_rank}, pid {ended.pid}) "
+            print(said + how_it_ended(ended.exitcode), file=sys.stderr)
+        print(
+            f"{PROG}: rank {rank} {how_it_ended(failure.exitcode)} first: exiting {code}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return code
+    except SignalException as exc:  # torchrun itself was told to stop (the pod is deleted)
+        return SIGNALLED + int(exc.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
