@@ -387,8 +387,10 @@ def test_the_operator_pod_deleted_mid_job(
     assert after and not after & before  # a new operator pod did it
     said = (status.get("failure"), status.get("conditions"), jobs.events("adopted"))
     assert status["restarts"] == 0, f"{said}\n{logs_of.text()}"
-    pods = jobs.pods("adopted")
-    assert {p.metadata.name: p.metadata.uid for p in pods} == uids
+    # No pod was recreated: those left are the first ones (a worker still running when worker 0
+    # finished is removed by cleanPodPolicy Running).
+    left = {p.metadata.name: p.metadata.uid for p in jobs.pods("adopted")}
+    assert left.items() <= uids.items() and "adopted-worker-0" in left, (left, uids)
     logs_of.text()
 
 
