@@ -95,6 +95,13 @@ REJECTIONS = [
         "should be less than or equal to 255",
     ),
     Rejection(
+        "no port left for the last attempt",
+        {"nodes": 1, "port": 65534, "runPolicy": {"backoffLimit": 2}},
+        "spec: port + runPolicy.backoffLimit must be at most 65535: each group restart "
+        "rendezvous on the next port; lower port or backoffLimit",
+        rule=True,
+    ),
+    Rejection(
         "reserved env",
         {"nodes": 1, "env": [{"name": "HOME", "value": "/x"}, {"name": "WORLD_SIZE"}]},
         "spec.env[1]: WORLD_SIZE is reserved: kube-ddp sets it on every worker (the env "

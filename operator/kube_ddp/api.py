@@ -113,6 +113,7 @@ ACCELERATOR_BACKENDS: dict[str, str] = {
     "cpu": "gloo",
 }
 MAX_NODES = 1024
+MAX_PORT = 65535
 # `<name>-worker-<index>` must stay a 63-character DNS label (hostname) for up to 1024 nodes.
 MAX_NAME_LENGTH = 63 - len("-worker-") - len(str(MAX_NODES - 1))
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -574,7 +575,13 @@ class DDPTrainingJobSpec(Model):
         description="torch.distributed backend; auto picks nccl (nvidia, amd), hccl (gaudi) "
         "or gloo (cpu).",
     )
-    port: int = Field(29500, ge=1024, le=65535, description="Rendezvous port on worker 0.")
+    port: int = Field(
+        29500,
+        ge=1024,
+        le=MAX_PORT,
+        description="Rendezvous port on worker 0 for the first attempt; a group restart's "
+        "attempt n uses port + n, so a rank of an earlier attempt can never join a later group.",
+    )
     image: str | None = Field(
         None,
         min_length=1,
@@ -662,6 +669,12 @@ class DDPTrainingJobSpec(Model):
             ),
         ),
         Rule(
+            cel=f"self.port + self.runPolicy.backoffLimit <= {MAX_PORT}",
+            message=f"port + runPolicy.backoffLimit must be at most {MAX_PORT}: each group restart "
+            "rendezvous on the next port; lower port or backoffLimit",
+            holds=lambda s: s.rendezvous_port(s.run_policy.backoff_limit) <= MAX_PORT,
+        ),
+        Rule(
             cel="!has(self.args) || has(self.command)",
             message="args needs command: set command to your program, or use trainer "
             "for the built-in entrypoint",
@@ -697,6 +710,11 @@ class DDPTrainingJobSpec(Model):
         if twice:
             raise ValueError(f"duplicate env names: {', '.join(twice)}")
         return env
+
+    def rendezvous_port(self, attempt: int) -> int:
+        """Worker 0's rendezvous port in `attempt`: its own for each attempt, so a rank of an
+        earlier attempt (its node back after it was taken for lost) finds nothing to join."""
+        return self.port + attempt
 
     @property
     def gang_min_member(self) -> int | None:

@@ -80,7 +80,7 @@ def contract_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[O
     values: dict[str, str] = {}
     if index is not None:
         values[contract.MASTER_ADDR] = names.master_addr(job.name, job.namespace)
-    values[contract.MASTER_PORT] = str(spec.port)
+    values[contract.MASTER_PORT] = str(spec.rendezvous_port(attempt))
     values[contract.NNODES] = _nnodes(spec)
     if index is not None:
         values[contract.NODE_RANK] = str(index)
@@ -346,6 +346,7 @@ def _container(
     args: list[str],
     env: list[Obj],
     settings: BuildSettings,
+    attempt: int,
 ) -> Obj:
     """The worker container: what it runs, image, resources, mounts and accelerator extras."""
     spec = job.spec
@@ -356,7 +357,9 @@ def _container(
         **({"args": args} if args else {}),
         "env": env,
         "resources": container_resources(spec),
-        "ports": [{"name": "ddp", "containerPort": spec.port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "ddp", "containerPort": spec.rendezvous_port(attempt), "protocol": "TCP"}
+        ],
         # A failed worker's last log lines become its terminated state's message, which the
         # operator copies into status.failure and the job's Event.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -529,7 +532,13 @@ def build_worker_pod(job: DDPTrainingJob, index: int, attempt: int, settings: Bu
         command, args = torchrun_command(job), trainer_args(job)
     env = worker_env(job, index, attempt)
     container = _container(
-        job, name=names.TRAINER_CONTAINER, command=command, args=args, env=env, settings=settings
+        job,
+        name=names.TRAINER_CONTAINER,
+        command=command,
+        args=args,
+        env=env,
+        settings=settings,
+        attempt=attempt,
     )
     pod_spec = _pod_spec(job, [container])
     pod_spec["hostname"] = names.worker_name(job.name, index)
@@ -669,7 +678,13 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
     pod_labels = mpi_pod_labels(job, attempt)
     env = worker_env(job, None, attempt)
     worker = _container(
-        job, name="worker", command=sshd_command(job), args=[], env=env, settings=settings
+        job,
+        name="worker",
+        command=sshd_command(job),
+        args=[],
+        env=env,
+        settings=settings,
+        attempt=attempt,
     )
     launcher = {
         "name": "launcher",

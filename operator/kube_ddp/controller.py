@@ -308,7 +308,9 @@ class Controller:
                 *(self._create_child(job, child) for child in then), self._create_pods(key, pods)
             )
         elif isinstance(action, DeletePods):
-            await asyncio.gather(*(self.kube.delete_pod(namespace, pod) for pod in action.names))
+            await asyncio.gather(
+                *(self.kube.delete_pod(namespace, pod, action.force) for pod in action.names)
+            )
         elif isinstance(action, DeleteJob):
             await self.kube.delete_job(namespace, name)
         elif isinstance(action, DeleteMPIJob):

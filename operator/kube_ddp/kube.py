@@ -181,9 +181,11 @@ class Kube:
         except NotFoundError:
             return None
 
-    async def delete_pod(self, namespace: str, name: str) -> None:
+    async def delete_pod(self, namespace: str, name: str, force: bool = False) -> None:
+        """Delete a pod; `force`: at once (grace period 0), without its kubelet's word."""
+        body = {"gracePeriodSeconds": 0} if force else None
         with contextlib.suppress(NotFoundError):
-            await self.request("DELETE", f"{collection_path('v1', 'Pod', namespace)}/{name}")
+            await self.request("DELETE", f"{collection_path('v1', 'Pod', namespace)}/{name}", body)
 
     async def patch_job_status(self, namespace: str, name: str, status: Obj) -> Obj | None:
         """Merge-patch the job's status; the updated job, or None if the job is gone."""

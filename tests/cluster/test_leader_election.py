@@ -4,20 +4,26 @@ operator` processes with the chart's ServiceAccount, of which the leader is kill
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import ssl
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from kube_ddp.config import LeaseSettings
 from kube_ddp.kube import Kube
 from kube_ddp.leadership import LeaseElector
 from tests.cluster.helm_support import CHART, TEST_IMAGE, Helm, Operator, service_account_kubeconfig
-from tests.cluster.operator_support import Jobs, job_manifest
-from tests.cluster.support import Cluster, fresh_namespace
+from tests.cluster.operator_support import Jobs, job_manifest, running_operator
+from tests.cluster.support import Cluster, fresh_namespace, wait_for
 
 GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
 # Short timings keep the test quick; the chart's defaults are 15 / 10 / 2 s.
@@ -160,3 +166,123 @@ def test_killed_leader_is_replaced_within_seconds_without_duplicates(
         for process in processes:
             print(f"---- {process.log_path.name} ----\n" + process.log()[-4000:])
         helm.run("uninstall", release, "-n", namespace)
+
+
+class SlowPodList:
+    """A plain-HTTP front of the API server, with the admin's certificate, that holds back every
+    LIST of pods by `delay` seconds (watches and the rest pass at once): an operator behind it
+    starts, as after a takeover, while its pods are still being listed."""
+
+    def __init__(self, cluster: Cluster, directory: Path, delay: float) -> None:
+        self.upstream, self.delay = cluster.server, delay
+        self.pod_lists = 0  # answered
+        config = cluster.api.configuration
+        self.tls = ssl.create_default_context(cafile=str(cluster.ca_file))
+        self.tls.load_cert_chain(config.cert_file, config.key_file)
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._serve, args=(started,), daemon=True)
+        self.thread.start()
+        started.wait(10)
+        kubeconfig = directory / "slow.kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {"name": "slow", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}
+                    ],
+                    "users": [{"name": "front", "user": {}}],
+                    "contexts": [{"name": "slow", "context": {"cluster": "slow", "user": "front"}}],
+                    "current-context": "slow",
+                }
+            )
+        )
+        self.cluster = dataclasses.replace(cluster, kubeconfig=kubeconfig)
+
+    def _serve(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def start() -> None:
+            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+            app = web.Application()
+            app.router.add_route("*", "/{path:.*}", self._forward)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = runner.addresses[0][1]
+            started.set()
+
+        self.loop.run_until_complete(start())
+        self.loop.run_forever()
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        is_pod_list = (
+            request.method == "GET"
+            and request.path.endswith("/pods")
+            and request.query.get("watch") not in ("true", "1")
+        )
+        if is_pod_list:
+            await asyncio.sleep(self.delay)
+        headers = {k: v for k, v in request.headers.items() if k in ("Content-Type", "Accept")}
+        async with self.session.request(
+            request.method,
+            self.upstream + str(request.rel_url),
+            data=await request.read() or None,
+            headers=headers,
+            ssl=self.tls,
+        ) as answer:
+            response = web.StreamResponse(
+                status=answer.status,
+                headers={"Content-Type": answer.headers.get("Content-Type", "application/json")},
+            )
+            await response.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+        if is_pod_list:
+            self.pod_lists += 1
+        return response
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+TAKEN_OVER = 20
+
+
+def test_an_operator_that_starts_while_its_pods_are_listed_restarts_nothing(
+    cluster: Cluster, crd: None, namespace: str, tmp_path: Path
+) -> None:
+    """What a new leader meets: running jobs, their pods not yet listed (held back 5 s here,
+    while the jobs come at once). It must decide nothing on a job before it knows the job's
+    pods (kopf holds the handlers until the pod index is filled): 20 running jobs keep their
+    pods and count no restart; a worker that then fails restarts its group, so it did act."""
+    jobs = Jobs(cluster, namespace)
+    job_names = [f"kept-{i}" for i in range(TAKEN_OVER)]
+    for directory in ("first", "second"):
+        (tmp_path / directory).mkdir()
+    with running_operator(cluster, namespace, tmp_path / "first"):
+        for name in job_names:
+            jobs.create(job_manifest(name, nodes=2))
+        for name in job_names:
+            jobs.wait_phase(name, "Running", timeout=60)
+    before = {p.metadata.name: p.metadata.uid for name in job_names for p in jobs.pods(name)}
+    assert len(before) == 2 * TAKEN_OVER
+    slow = SlowPodList(cluster, tmp_path, delay=5.0)
+    try:
+        with running_operator(slow.cluster, namespace, tmp_path / "second"):
+            wait_for(lambda: slow.pod_lists >= 1, "the held-back pod list", timeout=60)
+            time.sleep(3)  # room for a wrong decision, if there were one
+            restarts = {name: jobs.status(name).get("restarts", 0) for name in job_names}
+            after = {p.metadata.name: p.metadata.uid for name in job_names for p in jobs.pods(name)}
+            assert restarts == dict.fromkeys(job_names, 0)
+            assert after == before
+            jobs.end_worker("kept-0-worker-1", 137)  # what only an operator that acts handles
+            jobs.wait_pods("kept-0", 2, attempt=1, timeout=60)
+    finally:
+        slow.close()

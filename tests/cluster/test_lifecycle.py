@@ -262,6 +262,77 @@ def test_a_lost_node_restarts_the_group_elsewhere(
                 cluster.core.delete_node(node)
 
 
+SILENT_JOBS = 10
+
+
+def test_a_node_that_stops_reporting_restarts_its_jobs_elsewhere(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """A fake node of this test's own stops reporting under 10 running jobs: kwok lets go of it
+    (no status, no kubelet to confirm a deletion) and its Lease is held by a holder that never
+    renews it (kwok leaves a Lease alone that another holds). The node controller marks its pods not
+    ready and taints it unreachable, the taint manager evicts them (5 s toleration), and they
+    stay Terminating: every job restarts with NodeLost naming the node, its pods are
+    force-deleted 30 s past their grace period, and the next attempt runs on the node left."""
+    suffix = jobs.namespace[-6:]
+    label = {"kubeddp.io/test-node": suffix}
+    silent, spare = f"silent-{suffix}", f"spare-{suffix}"
+    cluster.core.create_node(fake_node(silent, label))
+    cluster.core.create_node(fake_node(spare, {}))
+    unreachable = {
+        "key": "node.kubernetes.io/unreachable",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 5,
+    }
+    template = {
+        "nodeSelector": label,
+        "tolerations": [unreachable],
+        "terminationGracePeriodSeconds": 1,
+    }
+    job_names = [f"silent-{i}" for i in range(SILENT_JOBS)]
+    try:
+        for name in job_names:
+            jobs.create(job_manifest(name, nodes=2, template=template))
+        for name in job_names:
+            jobs.wait_pods(name, 2, timeout=60)
+        silenced = datetime.now(UTC)
+        stop_reporting = {"metadata": {"annotations": {"kwok.x-k8s.io/node": None}}}
+        cluster.core.patch_node(silent, stop_reporting)
+        dead_holder = {
+            "spec": {
+                "holderIdentity": "a-kubelet-that-stopped",
+                "leaseDurationSeconds": 3600,
+                "renewTime": silenced.strftime("%Y-%m-%dT%H:%M:%S.000000Z"),
+            }
+        }
+        coordination = kubernetes.client.CoordinationV1Api(cluster.api)
+        coordination.patch_namespaced_lease(silent, "kube-node-lease", dead_holder)
+        cluster.core.patch_node(spare, {"metadata": {"labels": label}})
+        for name in job_names:
+            again = jobs.wait_pods(name, 2, attempt=1, timeout=240)
+            assert {p.spec.node_name for p in again} == {spare}
+        took = (datetime.now(UTC) - silenced).total_seconds()
+        print(f"{SILENT_JOBS} jobs: node silent -> every next attempt running in {took:.0f} s")
+        for name in job_names:
+            status = jobs.wait_phase(name, "Running")
+            assert status["restarts"] == 1
+            failure = status["failure"]
+            assert failure["reason"] == "NodeLost", failure
+            assert failure["message"].startswith(f"node {silent} stopped reporting"), failure
+            assert f"{name}-worker-" in failure["pod"]
+            restarting = condition(status, "Restarting")
+            assert restarting["reason"] == "WorkersRunning"  # cleared once it runs again
+        left = cluster.core.list_namespaced_pod(
+            jobs.namespace, field_selector=f"spec.nodeName={silent}"
+        ).items
+        assert left == []
+    finally:
+        for node in (silent, spare):
+            with contextlib.suppress(kubernetes.client.ApiException):
+                cluster.core.delete_node(node)
+
+
 def fake_node(name: str, labels: dict[str, str]) -> dict[str, Any]:
     """A node kwok plays the kubelet for (see hack/nodes.yaml)."""
     capacity = {"cpu": "32", "memory": "128Gi", "pods": "110"}

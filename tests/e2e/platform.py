@@ -69,9 +69,10 @@ class Platform:
         path = f"/tmp/kube-ddp-e2e/{namespace}/{name}"
         return {"name": name, "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
 
-    def kill(self, pod: Any) -> None:
+    def kill(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
         """SIGKILL the pod's main process from the node, as the kernel's OOM killer would (a
-        container's PID 1 ignores SIGKILL sent from inside its own PID namespace)."""
+        container's PID 1 ignores SIGKILL sent from inside its own PID namespace); or send it
+        `sig` (SIGSTOP: a hung rank)."""
         raise NotImplementedError
 
     @contextmanager
@@ -145,7 +146,7 @@ class DevPlatform(Platform):
             for volume in made:  # gone once its claim goes with the namespace
                 core.delete_persistent_volume(volume)
 
-    def kill(self, pod: Any) -> None:
+    def kill(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
         container_id = pod.status.container_statuses[0].container_id.split("://")[-1]
         sys.path.insert(0, str(REPO / "hack"))
         from devcluster import node
@@ -156,21 +157,19 @@ class DevPlatform(Platform):
         pid = next(
             int(row.split()[1]) for row in listed.splitlines() if row.startswith(container_id)
         )
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
 
 
 @dataclass
 class ExternalPlatform(Platform):
     node_exec: list[str] = field(default_factory=list)
 
-    def kill(self, pod: Any) -> None:
+    def kill(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
         if not self.node_exec:
             raise AssertionError("set KUBEDDP_E2E_NODE_EXEC to reach the node's processes")
         container_id = pod.status.container_statuses[0].container_id.split("://")[-1]
-        script = (
-            f"kill -9 $(crictl inspect --output go-template --template '{{{{.info.pid}}}}' "
-            f"{container_id})"
-        )
+        pid = f"crictl inspect --output go-template --template '{{{{.info.pid}}}}' {container_id}"
+        script = f"kill -{int(sig)} $({pid})"
         subprocess.run([*self.node_exec, "sh", "-c", script], check=True)
 
 

@@ -8,7 +8,15 @@ its pods' logs.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -20,7 +28,7 @@ from kube_ddp.reasons import Reason
 from tests.cluster.operator_support import Jobs, job_manifest
 from tests.cluster.support import REPO, wait_for
 from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE
-from tests.e2e.platform import Platform
+from tests.e2e.platform import DevPlatform, Platform
 
 # Small, real training: scikit-learn's bundled digits (no download), two CPU workers (gloo).
 DIGITS = {"dataset": "digits", "batchSize": 32, "device": "cpu", "timeoutSeconds": 120}
@@ -128,32 +136,34 @@ def test_a_job_trains_in_a_namespace_that_enforces_restricted(
     assert "world_size=2" in logs(jobs, "hardened-worker-0")
 
 
-def test_a_killed_rank_restarts_the_group_which_resumes(platform: Platform, jobs: Jobs) -> None:
-    """Scenario 3: a worker's trainer is SIGKILLed mid-training: exit 137, one group restart,
-    and the new attempt resumes from the checkpoint the first one wrote."""
+def checkpointed(platform: Platform, jobs: Jobs, **trainer: Any) -> dict[str, Any]:
+    """The spec of an 8-epoch job that checkpoints to a directory on the node, from which a
+    group restart resumes."""
     checkpoints = platform.scratch_volume("checkpoints", jobs.namespace)
-    trainer = {
-        **DIGITS,
-        "model": "wide-resnet",
-        "wrnDepth": 10,
-        "wrnWidth": 1,
-        "epochs": 8,
-        "checkpointDir": "/checkpoints",
-    }
-    spec = {
-        "trainer": trainer,
+    options = {**DIGITS, "model": "wide-resnet", "wrnDepth": 10, "wrnWidth": 1, "epochs": 8}
+    return {
+        "trainer": {**options, "checkpointDir": "/checkpoints", **trainer},
         "template": {
             "volumes": [checkpoints],
             "volumeMounts": [{"name": "checkpoints", "mountPath": "/checkpoints"}],
         },
     }
-    jobs.create(cpu_job(platform, "resume", **spec))
+
+
+def wait_for_two_epochs(jobs: Jobs, name: str) -> None:
     wait_for(
-        lambda: (jobs.status("resume").get("training") or {}).get("epoch", 0) >= 2,
+        lambda: (jobs.status(name).get("training") or {}).get("epoch", 0) >= 2,
         "two epochs (and their checkpoints)",
         timeout=TRAINING_TIMEOUT,
         interval=0.5,
     )
+
+
+def test_a_killed_rank_restarts_the_group_which_resumes(platform: Platform, jobs: Jobs) -> None:
+    """Scenario 3: a worker's trainer is SIGKILLed mid-training: exit 137, one group restart,
+    and the new attempt resumes from the checkpoint the first one wrote."""
+    jobs.create(cpu_job(platform, "resume", **checkpointed(platform, jobs)))
+    wait_for_two_epochs(jobs, "resume")
     victim = jobs.cluster.core.read_namespaced_pod("resume-worker-1", jobs.namespace)
     platform.kill(victim)
     status = jobs.wait_phase("resume", "Succeeded", timeout=TRAINING_TIMEOUT)
@@ -162,6 +172,116 @@ def test_a_killed_rank_restarts_the_group_which_resumes(platform: Platform, jobs
     assert (failure["pod"], failure["exitCode"]) == ("resume-worker-1", 137)
     assert "resuming after epoch" in logs(jobs, "resume-worker-0")
     assert Reason.WORKER_FAILED in jobs.events("resume")
+
+
+PROGRESS_DEADLINE = 60  # seconds: two of the trainer's 30 s heartbeats
+
+
+def wait_restarted(jobs: Jobs, name: str, since: float, timeout: float) -> float:
+    """Seconds from `since` (time.monotonic) until the job's first group restart."""
+    wait_for(
+        lambda: jobs.status(name).get("restarts", 0) >= 1,
+        f"{name} to restart its group",
+        timeout=timeout,
+        interval=0.5,
+    )
+    return time.monotonic() - since
+
+
+def test_a_hung_rank_restarts_the_group_at_the_progress_deadline(
+    platform: Platform, jobs: Jobs
+) -> None:
+    """Issue 25: worker-1's trainer stops (SIGSTOP from the node: a hang, as a deadlock or a
+    stuck collective is), so rank 0 blocks in its next collective and reports no progress;
+    at progressDeadlineSeconds the group restarts (ProgressDeadlineExceeded, not the user's
+    bug), resumes from the checkpoint and succeeds. The collective's own timeout (600 s) is
+    far beyond the deadline: the deadline is what ends the hang."""
+    spec = checkpointed(platform, jobs, timeoutSeconds=600)
+    spec["runPolicy"] = {"progressDeadlineSeconds": PROGRESS_DEADLINE}
+    jobs.create(cpu_job(platform, "hang", **spec))
+    wait_for_two_epochs(jobs, "hang")
+    victim = jobs.cluster.core.read_namespaced_pod("hang-worker-1", jobs.namespace)
+    platform.kill(victim, signal.SIGSTOP)
+    hung = time.monotonic()
+    took = wait_restarted(jobs, "hang", hung, timeout=PROGRESS_DEADLINE + 90)
+    print(f"hang -> group restart: {took:.1f} s (progressDeadlineSeconds {PROGRESS_DEADLINE})")
+    status = jobs.wait_phase("hang", "Succeeded", timeout=TRAINING_TIMEOUT + 60)
+    assert status["restarts"] == 1, status.get("failure")
+    failure = status["failure"]
+    assert (failure["pod"], failure["reason"]) == ("hang-worker-0", "ProgressDeadlineExceeded")
+    assert failure["message"].startswith("rank 0 last reported progress at "), failure
+    assert failure["message"].endswith(
+        f"more than progressDeadlineSeconds ({PROGRESS_DEADLINE}s) ago: a rank or a collective hung"
+    ), failure
+    assert Reason.PROGRESS_DEADLINE_EXCEEDED in jobs.events("hang")
+    assert "resuming after epoch" in logs(jobs, "hang-worker-0")
+    assert took <= PROGRESS_DEADLINE + 30 + 10  # the last report is at most a heartbeat old
+
+
+@contextlib.contextmanager
+def node_stopped(platform: Platform, pods: list[Any]) -> Iterator[None]:
+    """The real node dies as far as the cluster can tell: its kubelet and the pods' trainers
+    stopped (SIGSTOP); both continued (SIGCONT) afterwards, whatever happened."""
+    if not isinstance(platform, DevPlatform):
+        pytest.skip("stopping the node's kubelet needs the dev cluster's real node")
+    sys.path.insert(0, str(REPO / "hack"))
+    from devcluster import node
+
+    record = node.read_record()
+    assert record is not None, "the real node runs"
+    kubelet = next(c["pid"] for c in record["components"] if c["name"] == "kubelet")
+    os.kill(kubelet, signal.SIGSTOP)
+    try:
+        for pod in pods:
+            platform.kill(pod, signal.SIGSTOP)
+        yield
+    finally:
+        for pod in pods:
+            with contextlib.suppress(Exception):
+                platform.kill(pod, signal.SIGCONT)
+        os.kill(kubelet, signal.SIGCONT)
+        wait_for(node.node_ready, "the real node to be Ready again", timeout=120)
+
+
+def test_a_dead_node_restarts_the_group_instead_of_freezing(platform: Platform, jobs: Jobs) -> None:
+    """Issue 25: the node's kubelet and trainers stop (the pods tolerate `unreachable` for
+    5 s). The node controller evicts the pods, which stay Terminating (no kubelet confirms):
+    the job restarts with NodeLost naming the node, the old pods are force-deleted, and the
+    next attempt's pods are created, Pending, saying why (the only node that fits is down)."""
+    trainer = {**DIGITS, "model": "mlp", "epochs": 400}
+    unreachable = {
+        "key": "node.kubernetes.io/unreachable",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 5,
+    }
+    spec = {"trainer": trainer, "template": {"tolerations": [unreachable]}}
+    jobs.create(cpu_job(platform, "orphan", **spec))
+    old = jobs.wait_pods("orphan", 2, timeout=TRAINING_TIMEOUT)
+    with node_stopped(platform, old):
+        died = time.monotonic()
+        restarted = wait_restarted(jobs, "orphan", died, timeout=180)
+        new = jobs.wait_pods("orphan", 2, phase="Pending", attempt=1, timeout=120)
+        created = time.monotonic() - died
+        print(f"node death -> restart {restarted:.0f} s, -> new pods {created:.0f} s")
+        assert {p.metadata.uid for p in new}.isdisjoint(p.metadata.uid for p in old)
+        status = wait_for(
+            lambda: (
+                (s := jobs.status("orphan")).get("phase") == "Pending"
+                and condition_of(s, "Schedulable").get("status") == "False"
+                and s
+            ),
+            "the next attempt Pending, Schedulable=False",
+            timeout=60,
+        )
+        failure = status["failure"]
+        assert failure["reason"] == "NodeLost", failure
+        assert failure["message"].startswith(f"node {old[0].spec.node_name} stopped reporting")
+        assert "untolerated taint" in condition_of(status, "Schedulable")["message"]
+
+
+def condition_of(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((dict(c) for c in status.get("conditions", []) if c["type"] == type_), {})
 
 
 HOG = "import time; x = bytearray(1 << 30); time.sleep(60)"
@@ -217,8 +337,39 @@ def test_a_user_error_fails_at_once_with_the_last_log_lines(platform: Platform, 
     assert "unknown flag --epochz" in events[0].message
 
 
+# `KUBEDDP_E2E_TAKEOVERS=10` runs the takeover scenario that many times (one real node held).
+TAKEOVER_RUNS = int(os.environ.get("KUBEDDP_E2E_TAKEOVERS", "1"))
+
+
+class OperatorLogs:
+    """`kubectl logs -f` of the operator's pods, kept after they are deleted: what the old
+    leader did while it stopped, and what the new one saw when it started."""
+
+    def __init__(self, jobs: Jobs, tmp: Path) -> None:
+        self.jobs, self.tmp = jobs, tmp
+        self.followers: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def follow(self, pod: str) -> None:
+        cluster = self.jobs.cluster
+        path = self.tmp / f"{pod}.log"
+        command = [
+            str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}",
+            "logs", "-f", pod, "-n", OPERATOR_NAMESPACE,
+        ]  # fmt: skip
+        with path.open("wb") as sink:
+            process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+        self.followers.append((process, path))
+
+    def text(self) -> str:
+        for process, _ in self.followers:
+            process.terminate()
+            process.wait()
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-6000:]}" for _, p in self.followers)
+
+
+@pytest.mark.parametrize("run", range(TAKEOVER_RUNS))
 def test_the_operator_pod_deleted_mid_job(
-    platform: Platform, jobs: Jobs, operator: dict[str, Any]
+    platform: Platform, jobs: Jobs, operator: dict[str, Any], tmp_path: Path, run: int
 ) -> None:
     """Scenario 6: the leader's pod is deleted while a job trains; the Deployment's next pod
     takes over, adopts the job (no duplicate pods, no restart) and finishes it."""
@@ -228,21 +379,36 @@ def test_the_operator_pod_deleted_mid_job(
     uids = {p.metadata.name: p.metadata.uid for p in running}
     core = jobs.cluster.core
     selector = "app.kubernetes.io/name=kube-ddp"
-    before = {
-        p.metadata.name
-        for p in core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=selector).items
-    }
+
+    def operator_pods() -> set[str]:
+        listed = core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=selector).items
+        return {p.metadata.name for p in listed}
+
+    before = operator_pods()
+    logs_of = OperatorLogs(jobs, tmp_path)
     for name in before:
+        logs_of.follow(name)
         core.delete_namespaced_pod(name, OPERATOR_NAMESPACE)
+    newcomers = wait_for(lambda: operator_pods() - before, "a new operator pod", timeout=60)
+    for name in newcomers:
+        wait_for(
+            lambda n=name: (
+                core.read_namespaced_pod(n, OPERATOR_NAMESPACE).status.phase == "Running"
+            ),
+            f"{name} to run",
+            timeout=60,
+        )
+        logs_of.follow(name)
     status = jobs.wait_phase("adopted", "Succeeded", timeout=TRAINING_TIMEOUT)
-    after = {
-        p.metadata.name
-        for p in core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=selector).items
-    }
+    after = operator_pods()
     assert after and not after & before  # a new operator pod did it
-    assert status["restarts"] == 0
-    pods = jobs.pods("adopted")
-    assert {p.metadata.name: p.metadata.uid for p in pods} == uids
+    said = (status.get("failure"), status.get("conditions"), jobs.events("adopted"))
+    assert status["restarts"] == 0, f"{said}\n{logs_of.text()}"
+    # No pod was recreated: those left are the first ones (a worker still running when worker 0
+    # finished is removed by cleanPodPolicy Running).
+    left = {p.metadata.name: p.metadata.uid for p in jobs.pods("adopted")}
+    assert left.items() <= uids.items() and "adopted-worker-0" in left, (left, uids)
+    logs_of.text()
 
 
 def test_a_deleted_job_takes_every_child_with_it(platform: Platform, jobs: Jobs) -> None:

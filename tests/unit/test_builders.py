@@ -76,8 +76,8 @@ def every_worker_gets(index_env: dict[str, str]) -> dict[str, str]:
     return {
         "MASTER_ADDR": MASTER,
         "PET_MASTER_ADDR": MASTER,
-        "MASTER_PORT": "29500",
-        "PET_MASTER_PORT": "29500",
+        "MASTER_PORT": "29502",  # port + attempt: attempt 2
+        "PET_MASTER_PORT": "29502",
         "LOCAL_WORLD_SIZE": index_env["NPROC_PER_NODE"],
         "KUBEDDP_JOB_NAME": "bar",
         "KUBEDDP_JOB_NAMESPACE": "ns1",
@@ -155,6 +155,16 @@ CONTRACT = [
         launcher_defaults={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
     ),
 ]
+
+
+def test_each_attempt_rendezvous_on_its_own_port() -> None:
+    """A rank of an earlier attempt, its node back after it was taken for lost, finds no
+    store on its attempt's port and can never join a later group."""
+    for attempt in (0, 1, 3):
+        container = container_of(worker({"nodes": 2, "port": 23000}, 1, attempt=attempt))
+        port = 23000 + attempt
+        assert env_of(container)["MASTER_PORT"] == str(port)
+        assert container["ports"] == [{"name": "ddp", "containerPort": port, "protocol": "TCP"}]
 
 
 @pytest.mark.parametrize("case", CONTRACT, ids=[case.id for case in CONTRACT])

@@ -242,6 +242,24 @@ def test_what_exists_or_is_gone_already_is_success() -> None:
     assert len(fake.made("DELETE", PODS)) == 2
 
 
+def test_pods_of_a_node_that_stopped_reporting_are_force_deleted() -> None:
+    """Past its deletion deadline and 30 s, a pod its kubelet never removed is deleted with
+    grace period 0; a pod still within that time is deleted by no one (it is going)."""
+    overdue = pod(0, deleting=True, deletion_deadline="2026-11-22T11:00:00Z")
+    going = pod(1, deleting=True, deletion_deadline="2999-01-01T00:00:00Z")
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        restarting = {"phase": "Restarting", "restarts": 1, "startTime": "2026-11-22T10:00:00Z"}
+        start(fake, controller, job_body(restarting), [overdue, going])
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    deletes = fake.made("DELETE", PODS)
+    assert [(c.path, c.body) for c in deletes] == [
+        (f"{PODS}/bar-worker-0", {"gracePeriodSeconds": 0})
+    ]
+
+
 def test_a_status_write_for_a_deleted_job_is_no_error() -> None:
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, job_body({"phase": "Starting"}), [pod(0), pod(1)])

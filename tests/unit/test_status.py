@@ -424,6 +424,114 @@ def test_a_group_restarted_for_no_progress_says_so() -> None:
     )
 
 
+UNREADY = "2026-11-22T11:58:40Z"  # the node controller marked the node's pods not ready
+TAINT_EVICTION = {"reason": "DeletionByTaintManager", "message": "Taint manager: deleting"}
+
+
+def on_lost_node(index: int, gone_by: str, attempt: int = 0, **fields: Any) -> PodView:
+    """A pod of node cpu-3, which stopped reporting: deleted, to be gone by `gone_by`."""
+    fields.setdefault("unready_since", UNREADY)
+    return pod(
+        index, attempt=attempt, node="cpu-3", deleting=True, deletion_deadline=gone_by, **fields
+    )
+
+
+@dataclass(frozen=True)
+class NodeLossCase:
+    """Pods on a node that stopped reporting: the group restarts naming the node, and pods its
+    kubelet never confirms gone are force-deleted 30 s past their deadline."""
+
+    id: str
+    status: dict[str, Any]
+    pods: tuple[PodView, ...]
+    phase: str
+    actions: tuple[Any, ...]
+    requeue_after: float | None = None
+    failure: tuple[str, str] | None = None  # (reason, message) of status.failure
+
+
+LOST_MESSAGE = (
+    "node cpu-3 stopped reporting (not ready since 2026-11-22T11:58:40Z); Taint manager: deleting"
+)
+NODE_LOSSES = [
+    NodeLossCase(
+        "evicted for the unreachable taint: a restart naming the node",
+        running(),
+        (pod(0), on_lost_node(1, "2026-11-22T12:00:20Z", **TAINT_EVICTION)),
+        "Restarting",
+        (delete(0),),
+        requeue_after=50,
+        failure=("NodeLost", LOST_MESSAGE),
+    ),
+    NodeLossCase(
+        "phase Unknown: a restart naming the node",
+        running(),
+        (pod(0), pod(1, "Unknown", node="cpu-3", unready_since=UNREADY)),
+        "Restarting",
+        (delete(0, 1),),
+        failure=("NodeLost", "node cpu-3 stopped reporting (not ready since 2026-11-22T11:58:40Z)"),
+    ),
+    NodeLossCase(
+        "a taint eviction of a ready pod is not a lost node",
+        running(),
+        (
+            pod(0),
+            pod(
+                1,
+                deleting=True,
+                node="cpu-3",
+                deletion_deadline="2026-11-22T12:00:20Z",
+                **TAINT_EVICTION,
+            ),
+        ),
+        "Restarting",
+        (delete(0),),
+        requeue_after=50,
+        failure=("DeletionByTaintManager", "Taint manager: deleting"),
+    ),
+    NodeLossCase(
+        "the old attempt's pod within its deadline and 30 s: waited for",
+        running(1, phase="Restarting"),
+        (on_lost_node(1, "2026-11-22T11:59:40Z"),),
+        "Restarting",
+        (),
+        requeue_after=10,
+    ),
+    NodeLossCase(
+        "the old attempt's pod 30 s past its deadline: force-deleted",
+        running(1, phase="Restarting"),
+        (on_lost_node(1, "2026-11-22T11:59:30Z"),),
+        "Restarting",
+        (DeletePods(("bar-worker-1",), force=True),),
+    ),
+    NodeLossCase(
+        "a finished job's pods too",
+        running(phase="Succeeded"),
+        (on_lost_node(1, "2026-11-22T11:50:00Z"),),
+        "Succeeded",
+        (DeletePods(("bar-worker-1",), force=True),),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", NODE_LOSSES, ids=[case.id for case in NODE_LOSSES])
+def test_a_node_that_stopped_reporting(case: NodeLossCase) -> None:
+    decision = decide(job(case.status), list(case.pods), NOW)
+    assert decision.status.phase == case.phase
+    assert decision.actions == case.actions
+    assert decision.requeue_after == case.requeue_after
+    if case.failure is not None:
+        failure = decision.status.failure
+        assert failure is not None
+        assert (failure.reason, failure.message) == case.failure
+        assert condition(decision, "Restarting") == ("True", Reason.WORKER_FAILED)
+
+
+def test_the_next_attempt_starts_once_the_lost_pods_are_gone() -> None:
+    decision = decide(job(running(1, phase="Restarting")), [], NOW)
+    assert decision.actions == (CreateWorkers(attempt=1, indices=(0, 1)),)
+
+
 def test_restart_clears_the_old_attempt_before_creating_the_next() -> None:
     restarting = {"phase": "Restarting", "restarts": 1, "startTime": NOW}
     old = [pod(0, attempt=0), pod(1, "Failed", attempt=0, exit_code=137)]
@@ -556,6 +664,8 @@ def test_pod_view_reads_a_real_pod() -> None:
         finished_at="2026-11-22T11:00:00Z",
         scheduled=True,
         owner_uid=UID,
+        node="gpu-0",
+        deletion_deadline="2026-11-22T12:00:00Z",
     )
 
 
@@ -580,6 +690,37 @@ def test_pod_view_reads_the_schedulers_verdict() -> None:
         "0/5 nodes are available",
         -1,
     )
+
+
+def test_pod_view_reads_a_pod_on_a_node_that_stopped_reporting() -> None:
+    """What the node controller and the taint manager leave of a pod whose node went silent."""
+    raw = {
+        "metadata": {
+            "name": "bar-worker-1",
+            "labels": {},
+            "deletionTimestamp": "2026-11-22T12:00:30Z",
+        },
+        "spec": {"nodeName": "cpu-3"},
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                {"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-22T11:59:50Z"},
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "DeletionByTaintManager",
+                    "message": "Taint manager: deleting due to NoExecute taint",
+                },
+            ],
+        },
+    }
+    view = PodView.from_pod(raw)
+    assert (view.node, view.unready_since, view.deletion_deadline) == (
+        "cpu-3",
+        "2026-11-22T11:59:50Z",
+        "2026-11-22T12:00:30Z",
+    )
+    assert (view.deleting, view.reason) == (True, "DeletionByTaintManager")
 
 
 def test_pod_view_reads_a_disruption() -> None:

@@ -25,7 +25,11 @@ class CreateWorkers:
 
 @dataclass(frozen=True)
 class DeletePods:
+    """Delete pods; `force`: with grace period 0, for pods whose node stopped reporting (its
+    kubelet will never confirm a graceful deletion)."""
+
     names: tuple[str, ...]
+    force: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,11 @@ class Draft:
         doomed = tuple(sorted({p.name for p in pods if not p.deleting}))
         if doomed:
             self.actions.append(DeletePods(doomed))
+
+    def force_delete(self, pods: Iterable[PodView]) -> None:
+        doomed = tuple(sorted({p.name for p in pods}))
+        if doomed:
+            self.actions.append(DeletePods(doomed, force=True))
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.0)

@@ -27,6 +27,8 @@ class TakenAway(StrEnum):
     EVICTION_BY_EVICTION_API = "EvictionByEvictionAPI"
     PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
     TERMINATION_BY_KUBELET = "TerminationByKubelet"
+    # a NoExecute taint's eviction, such as the node controller's `unreachable` taint
+    DELETION_BY_TAINT_MANAGER = "DeletionByTaintManager"
 
 
 # Pod reasons that mean the pod was taken away rather than the program failing.
@@ -90,19 +92,37 @@ class WorkerFailure:
         return f"{self.pod} {what}{detail}"
 
 
+def node_lost(pod: PodView) -> str | None:
+    """Why `pod`'s node is taken for lost, if it is: the pod's phase is Unknown, or the taint
+    manager evicted it after the node controller had marked it not ready (what it does to
+    every pod of a node that stopped reporting)."""
+    evicted_unready = (
+        pod.reason == TakenAway.DELETION_BY_TAINT_MANAGER and pod.unready_since is not None
+    )
+    if pod.phase != "Unknown" and not evicted_unready:
+        return None
+    since = f" (not ready since {pod.unready_since})" if pod.unready_since else ""
+    detail = f"; {pod.message}" if pod.message else ""
+    return f"node {pod.node or '(unknown)'} stopped reporting{since}{detail}"
+
+
 def pod_failure(pod: PodView) -> WorkerFailure | None:
     """How `pod` failed, if it did: it ended Failed, its node was lost, or it is being
     deleted before it succeeded."""
     if not (pod.phase in ("Failed", "Unknown") or (pod.deleting and pod.phase != "Succeeded")):
         return None
-    reason = pod.reason or (PodReason.NODE_LOST if pod.phase == "Unknown" else None)
-    reason = reason or (PodReason.DELETED if pod.deleting else PodReason.ERROR)
+    reason: str
+    message = pod.message or ""
+    if (lost := node_lost(pod)) is not None:
+        reason, message = PodReason.NODE_LOST, lost
+    else:
+        reason = pod.reason or (PodReason.DELETED if pod.deleting else PodReason.ERROR)
     return WorkerFailure(
         pod=pod.name,
         index=pod.index,
         exit_code=pod.exit_code if pod.phase == "Failed" else None,
         reason=reason,
-        message=pod.message or "",
+        message=message,
         finished_at=pod.finished_at or None,
         launcher=pod.role == names.MPI_LAUNCHER,
     )

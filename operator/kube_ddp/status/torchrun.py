@@ -18,6 +18,7 @@ from kube_ddp.status.lifecycle import (
     count_workers,
     deadline_exceeded,
     finish,
+    force_delete_overdue,
     progress,
     progress_stalled,
     suspend,
@@ -60,6 +61,7 @@ def decide_torchrun(
     # reuses their names, so they must be gone before it starts.
     stale = [p for p in observed if p.attempt != attempt or p not in ours]
     count_workers(draft, job, current)
+    force_delete_overdue(draft, observed)  # their node stopped reporting: they would block
 
     if status.phase in FINISHED:
         after_finish(draft, job, Pods(ours))

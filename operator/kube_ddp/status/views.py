@@ -30,6 +30,13 @@ class PodView:
     owner_uid: str | None = None
     role: str | None = None  # launcher mpi: the MPI Operator's "launcher" or "worker"
     created_at: str | None = None
+    node: str | None = None  # spec.nodeName
+    # metadata.deletionTimestamp: when its grace period ends and its kubelet should have
+    # removed it
+    deletion_deadline: str | None = None
+    # when its Ready condition went False (the node controller marks every pod of a node that
+    # stopped reporting not ready)
+    unready_since: str | None = None
 
     @property
     def active(self) -> bool:
@@ -50,6 +57,7 @@ class PodView:
         # Set when the pod is taken away (node gone, eviction, preemption) before it ends.
         disruption = conditions.get("DisruptionTarget", {})
         disrupted = disruption if disruption.get("status") == "True" else {}
+        ready = conditions.get("Ready", {})
         return cls(
             name=metadata.get("name", ""),
             index=_int(labels.get(names.LABEL_REPLICA_INDEX)),
@@ -65,6 +73,11 @@ class PodView:
             unschedulable=unschedulable,
             owner_uid=owners[0].get("uid") if owners else None,
             created_at=metadata.get("creationTimestamp"),
+            node=pod.get("spec", {}).get("nodeName"),
+            deletion_deadline=metadata.get("deletionTimestamp"),
+            unready_since=ready.get("lastTransitionTime")
+            if ready.get("status") == "False"
+            else None,
         )
 
     @classmethod
