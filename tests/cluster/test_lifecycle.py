@@ -4,6 +4,7 @@ reporting through the job's own ServiceAccount, metrics, and many jobs at once."
 from __future__ import annotations
 
 import contextlib
+import time
 import urllib.request
 from collections import Counter
 from datetime import UTC, datetime
@@ -13,7 +14,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from ddp_trainer.report import StatusReporter, training_patch
+from ddp_trainer.report import StatusReporter, position_fields, training_patch
 from kube_ddp import names
 from tests.cluster.operator_support import (
     Jobs,
@@ -331,6 +332,64 @@ def test_a_node_that_stops_reporting_restarts_its_jobs_elsewhere(
         for node in (silent, spare):
             with contextlib.suppress(kubernetes.client.ApiException):
                 cluster.core.delete_node(node)
+
+
+STALLING_JOBS = 4
+PROGRESS_DEADLINE = 60  # the least runPolicy.progressDeadlineSeconds takes
+
+
+def report_step(jobs: Jobs, name: str, step: int) -> None:
+    """What rank 0's heartbeat PATCHes: where training stands, stamped now."""
+    patch = epoch_3_report()
+    training = patch["status"]["training"]
+    position = position_fields(
+        epoch=3, epochs=10, step=step, steps_per_epoch=100, remaining_seconds=600
+    )
+    training.update(position)
+    jobs.cluster.custom_objects.patch_namespaced_custom_object_status(
+        names.GROUP, names.VERSION, jobs.namespace, names.PLURAL, name, patch
+    )
+
+
+def test_jobs_whose_rank_0_goes_quiet_restart_at_their_progress_deadline(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """Eight running jobs with progressDeadlineSeconds; the test plays each one's rank 0. Four
+    keep their heartbeat (every 10 s), four report once and go quiet: those four, and only
+    those, restart their group with ProgressDeadlineExceeded saying where they stopped."""
+    quiet = [f"quiet-{i}" for i in range(STALLING_JOBS)]
+    beating = [f"beating-{i}" for i in range(STALLING_JOBS)]
+    run_policy = {"progressDeadlineSeconds": PROGRESS_DEADLINE}
+    for name in quiet + beating:
+        jobs.create(job_manifest(name, nodes=2, runPolicy=run_policy))
+    for name in quiet + beating:
+        jobs.wait_pods(name, 2, timeout=60)
+    for name in quiet + beating:
+        report_step(jobs, name, step=14)
+    reported = time.monotonic()
+    step = 14
+
+    def restarted() -> bool:
+        return all(jobs.status(name).get("restarts", 0) >= 1 for name in quiet)
+
+    while not restarted():
+        assert time.monotonic() - reported < PROGRESS_DEADLINE + 60, [
+            jobs.status(name).get("restarts") for name in quiet
+        ]
+        time.sleep(10)
+        step += 1
+        for name in beating:
+            report_step(jobs, name, step)
+    took = time.monotonic() - reported
+    print(f"{STALLING_JOBS} quiet jobs restarted {took:.0f} s after their last report")
+    assert took >= PROGRESS_DEADLINE
+    for name in quiet:
+        failure = jobs.status(name)["failure"]
+        assert failure["reason"] == "ProgressDeadlineExceeded", failure
+        assert "(epoch 4, step 14 of 100)" in failure["message"], failure
+        assert f"progressDeadlineSeconds ({PROGRESS_DEADLINE}s)" in failure["message"]
+    for name in beating:
+        assert jobs.status(name).get("restarts", 0) == 0, jobs.status(name).get("failure")
 
 
 def fake_node(name: str, labels: dict[str, str]) -> dict[str, Any]:
