@@ -72,7 +72,9 @@ MPI_OPERATOR_MISSING = (
     "then restart kube-ddp; or use launcher: torchrun"
 )
 # Children that need no other to exist: created first, together (see `Controller._act`).
-FIRST_ROUND_KINDS = frozenset({"Service", "ServiceAccount", "Role", "PodGroup"})
+FIRST_ROUND_KINDS = frozenset(
+    {"Service", names.NETWORK_POLICY_KIND, "ServiceAccount", "Role", "PodGroup"}
+)
 FIRST_RETRY_DELAY = 1.0  # seconds; doubled after each failed reconcile of the same job
 MAX_RETRY_DELAY = 60.0
 
@@ -189,7 +191,9 @@ class Controller:
 
     @property
     def build_settings(self) -> BuildSettings:
-        return BuildSettings(trainer_image=self.config.trainer_image)
+        return BuildSettings(
+            trainer_image=self.config.trainer_image, network_policy=self.config.network_policy
+        )
 
     # --- what the kopf handlers tell us --------------------------------------------------
 
@@ -348,7 +352,8 @@ class Controller:
             kopf.adopt(children, owner=kopf.Body(cast(kopf.RawBody, body)))
             pods = [c for c in children if c["kind"] == "Pod"]
             others = [c for c in children if c["kind"] != "Pod"]
-            # Two rounds, each at once: pods (and an MPIJob's) name the ServiceAccount and the
+            # Two rounds, each at once: the NetworkPolicy guards the pods from their start;
+            # pods (and an MPIJob's) name the ServiceAccount and the
             # PodGroup, and the RoleBinding its Role, which must exist first (without `bind`,
             # the API server checks the binder against the Role's rules, so an operator with
             # least privilege gets a 404 otherwise); then the rest. Fewer round trips per job

@@ -116,6 +116,7 @@ def test_a_new_job_gets_its_children_then_a_status_and_an_event() -> None:
     ]
     assert created == [
         ("services", "bar"),
+        ("networkpolicies", "bar"),
         ("serviceaccounts", "bar-trainer"),
         ("roles", "bar-trainer"),
         ("rolebindings", "bar-trainer"),
