@@ -352,12 +352,12 @@ class Controller:
             kopf.adopt(children, owner=kopf.Body(cast(kopf.RawBody, body)))
             pods = [c for c in children if c["kind"] == "Pod"]
             others = [c for c in children if c["kind"] != "Pod"]
-            # Two rounds, each at once: the NetworkPolicy guards the pods from their start;
-            # pods (and an MPIJob's) name the ServiceAccount and the
+            # Two rounds, each at once: pods (and an MPIJob's) name the ServiceAccount and the
             # PodGroup, and the RoleBinding its Role, which must exist first (without `bind`,
             # the API server checks the binder against the Role's rules, so an operator with
-            # least privilege gets a 404 otherwise); then the rest. Fewer round trips per job
-            # than one child after another.
+            # least privilege gets a 404 otherwise), and the NetworkPolicy guards the pods from
+            # their start; then the rest. Fewer round trips per job than one child after
+            # another. A refused round raises `ChildrenRefusedError` (`_raise_refusal`).
             if job.spec.launcher == "mpi":  # the MPIJob is expected until the watch shows it
                 self.expectations.expect(key, [job.name], asyncio.get_running_loop().time())
             first = [c for c in others if c["kind"] in FIRST_ROUND_KINDS]
