@@ -2,10 +2,10 @@
 module, iptables and ipset, no image of its own) holds a job's rendezvous port shut to another
 job's pod and open to the job's own.
 
-The operator runs as a process here (the cluster tier's way): what is under test is the policy
-it creates and real pods' connections, not its in-cluster install. Whatever kube-router adds to
-the host (iptables chains, ipsets) its own `--cleanup-config` removes, and the test checks that
-none is left.
+The operator is the chart's when an earlier test installed it, else a process here (the cluster
+tier's way): what is under test is the policy it creates and real pods' connections. Whatever
+kube-router adds to the host (iptables chains, ipsets) its own `--cleanup-config` removes, and
+the test checks that none is left.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from tests.cluster.support import (
     load_dev_cluster,
     wait_for,
 )
+from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE
 from tests.e2e.platform import _merge, dev_job_overrides
 
 PORT = 29500
@@ -161,6 +163,17 @@ def exit_code(jobs: Jobs, pod_name: str) -> int | None:
     return None
 
 
+def operator_for(jobs: Jobs, tmp_path: Path) -> AbstractContextManager[object]:
+    """The chart's operator when an earlier test of the session installed it (it watches every
+    namespace: a second one would race it), else `kube-ddp operator` as a process here."""
+    apps = kubernetes.client.AppsV1Api(jobs.cluster.api)
+    try:
+        apps.read_namespaced_deployment(RELEASE, OPERATOR_NAMESPACE)
+    except kubernetes.client.ApiException:
+        return running_operator(jobs.cluster, jobs.namespace, tmp_path)
+    return nullcontext()
+
+
 def test_only_the_jobs_own_pods_reach_its_rendezvous(
     cluster: Cluster, real_node: dict[str, Any], firewall: Firewall, tmp_path: Path
 ) -> None:
@@ -185,7 +198,7 @@ def enforced(jobs: Jobs, overrides: dict[str, Any], firewall: Firewall, tmp_path
             return []
         return str(log).splitlines()
 
-    with running_operator(jobs.cluster, jobs.namespace, tmp_path):
+    with operator_for(jobs, tmp_path):
         jobs.create(connecting_job(overrides, "a", 2))
         wait_for(lambda: "connected" in lines("a-worker-1"), "a's worker 1 to connect", 120)
         jobs.create(connecting_job(overrides, "unguarded", 1, rendezvous))
