@@ -165,6 +165,13 @@ REJECTIONS = [
         rule=True,
     ),
     Rejection(
+        "network policy ingress while turned off",
+        {"nodes": 2, "networkPolicy": {"enabled": False, "ingress": [{"from": []}]}},
+        "spec.networkPolicy: ingress widens the job's NetworkPolicy, which enabled: false "
+        "turns off: remove one of them",
+        rule=True,
+    ),
+    Rejection(
         "unknown gang scheduler",
         {"nodes": 2, "scheduling": {"gang": {"scheduler": "yunikorn"}}},
         "spec.scheduling.gang.scheduler: Input should be 'kubernetes', 'coscheduling' or "

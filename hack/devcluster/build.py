@@ -46,6 +46,9 @@ TRAINING_OPERATOR_MODULE = "github.com/kubeflow/training-operator"
 # promtool checks and unit-tests the chart's PrometheusRule (tests/cluster/test_operations_kit.py).
 # The module's v0.3xx.y tags are Prometheus v3.xx.y.
 PROMETHEUS_VERSION = "v0.316.0"
+# NetworkPolicy enforcement on the real node: kube-router's firewall alone (iptables, ipset).
+# The proxy refuses its /v2 module path; v1.6.1 is the newest it serves.
+KUBE_ROUTER_VERSION = "v1.6.1"
 PYTORCHJOB_CRD_FILE = "./manifests/base/crds/kubeflow.org_pytorchjobs.yaml"  # in the module
 
 
@@ -218,6 +221,13 @@ KUEUE_CRDS = (
 # Built only when something asks for them (`built`), not by `build_all`: the cluster runs
 # without them, and Kueue's cold build takes minutes.
 ADDONS = (
+    GoBuild(
+        name="kube-router",  # tests/e2e/test_network_policy.py runs its firewall on the host
+        module="github.com/cloudnativelabs/kube-router",
+        version=KUBE_ROUTER_VERSION,
+        packages={"kube-router": "github.com/cloudnativelabs/kube-router/cmd/kube-router"},
+        module_go_sum=True,
+    ),
     GoBuild(
         name="kueue",  # devcluster.kueue runs it out of cluster, for tests/cluster/test_kueue.py
         module="sigs.k8s.io/kueue",

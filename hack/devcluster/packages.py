@@ -68,7 +68,9 @@ MPI_PODS = Need(
     "MPI between pods",
     {"mpirun": "openmpi-bin", "ssh": "openssh-client", "sshd": "openssh-server"},
 )
-NEEDS = (REAL_NODE, LAUNCHERS, MPI_PODS)
+# kube-router's firewall keeps the sets of pod addresses its iptables rules match in ipsets.
+NETWORK_POLICY = Need("NetworkPolicy on the real node", {"ipset": "ipset"})
+NEEDS = (REAL_NODE, LAUNCHERS, MPI_PODS, NETWORK_POLICY)
 INSTALLED = {tool: package for need in NEEDS for tool, package in need.tools.items()}
 
 # On every new machine of this project's kind (Debian 12 with Go, Python and gcc: coreutils,

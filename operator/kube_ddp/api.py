@@ -516,6 +516,36 @@ class SchedulingPolicy(Model):
     )
 
 
+class NetworkPolicySettings(Model):
+    """Who may connect to the job's pods. The rendezvous (torch's TCPStore on worker 0) and,
+    with launcher mpi, sshd on every worker take no password: the job's NetworkPolicy admits
+    only the job's own pods to any of its pods' ports."""
+
+    RULES = (
+        Rule(
+            cel="!has(self.enabled) || self.enabled || !has(self.ingress) || "
+            "size(self.ingress) == 0",
+            message="ingress widens the job's NetworkPolicy, which enabled: false turns off: "
+            "remove one of them",
+            holds=lambda n: n.enabled is not False or not n.ingress,
+        ),
+    )
+
+    enabled: bool | None = Field(
+        None,
+        description="Create the job's NetworkPolicy (ingress to its pods from its own pods "
+        "only; egress untouched). Unset: the operator's default (--network-policy, the chart's "
+        "operator.networkPolicy).",
+    )
+    ingress: list[FreeForm] = Field(
+        default_factory=list,
+        max_length=32,
+        description="More ingress rules for the job's pods, each a Kubernetes "
+        "NetworkPolicyIngressRule (from: podSelector, namespaceSelector, ipBlock; ports), "
+        "admitted beside the job's own pods: a metrics scraper, a debugging pod.",
+    )
+
+
 def _nproc_fits(spec: DDPTrainingJobSpec) -> bool:
     per_node = spec.accelerator.per_node
     return (
@@ -626,6 +656,11 @@ class DDPTrainingJobSpec(Model):
     mpi: MPIOptions | None = Field(None, description="Process mapping of the mpi launcher.")
     scheduling: SchedulingPolicy | None = Field(
         None, description="Gang (all-or-nothing) scheduling of the workers."
+    )
+    network_policy: NetworkPolicySettings | None = Field(
+        None,
+        description="Who may connect to the job's pods: its NetworkPolicy, on or off, and "
+        "what it admits beside the job's own pods.",
     )
     run_policy: RunPolicy = Field(
         default_factory=RunPolicy,

@@ -37,6 +37,7 @@ class BuildSettings:
     """What the operator's configuration adds to every job."""
 
     trainer_image: str = names.DEFAULT_TRAINER_IMAGE
+    network_policy: bool = True  # a job's NetworkPolicy, unless its spec says otherwise
 
 
 # --- names and labels -------------------------------------------------------------------------
@@ -735,6 +736,29 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
     }
 
 
+def build_network_policy(job: DDPTrainingJob, settings: BuildSettings) -> Obj | None:
+    """Ingress to the job's pods (workers; with launcher mpi, the launcher too) from the job's
+    own pods only, on any port: the rendezvous and sshd take no password, and the collectives
+    (NCCL, gloo, Open MPI) connect between peers on ports of their own choosing. Egress (DNS,
+    the API server for the progress reports, datasets) is left alone. None when turned off."""
+    own = job.spec.network_policy
+    enabled = own.enabled if own is not None and own.enabled is not None else None
+    if not (settings.network_policy if enabled is None else enabled):
+        return None
+    pods = {"matchLabels": {names.LABEL_JOB_NAME: job.name}}
+    widened = own.ingress if own is not None else []
+    return {
+        "apiVersion": names.NETWORK_POLICY_API_VERSION,
+        "kind": names.NETWORK_POLICY_KIND,
+        "metadata": _metadata(job, job.name, job_labels(job)),
+        "spec": {
+            "podSelector": pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": pods}]}, *widened],
+        },
+    }
+
+
 def build_children(
     job: DDPTrainingJob,
     attempt: int = 0,
@@ -742,15 +766,18 @@ def build_children(
     indices: Iterable[int] | None = None,
 ) -> list[Obj]:
     """Everything the operator creates for `job` at `attempt` (only the worker pods in
-    `indices`, when given), in creation order: pods last, since they name the
-    ServiceAccount (and their PodGroup, which must exist before its pods are scheduled)."""
+    `indices`, when given), in creation order: the NetworkPolicy before any pod, so none is
+    open for a moment; pods last, since they name the ServiceAccount (and their PodGroup,
+    which must exist before its pods are scheduled)."""
     settings = settings or BuildSettings()
     rbac = build_reporter_rbac(job)
+    policy = build_network_policy(job, settings)
+    guarded = [policy] if policy is not None else []
     if job.spec.launcher == "mpi":
-        return [*rbac, build_mpijob(job, attempt, settings)]
+        return [*guarded, *rbac, build_mpijob(job, attempt, settings)]
     pods = [gang.join(job, p) for p in build_worker_pods(job, attempt, settings, indices)]
     pod_group = gang.build_pod_group(job, job_labels(job))
-    return [build_service(job), *rbac, *([pod_group] if pod_group else []), *pods]
+    return [build_service(job), *guarded, *rbac, *([pod_group] if pod_group else []), *pods]
 
 
 def build_event(

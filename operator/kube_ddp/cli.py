@@ -41,7 +41,7 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    settings = BuildSettings(trainer_image=args.trainer_image)
+    settings = BuildSettings(trainer_image=args.trainer_image, network_policy=args.network_policy)
     jobs = read_jobs(args.file, args.namespace)
     rendered = {
         job.name: build_children(job, attempt=args.attempt, settings=settings) for job in jobs
@@ -121,6 +121,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     config = OperatorConfig(
         namespaces=tuple(args.namespace or ()),
         trainer_image=args.trainer_image,
+        network_policy=args.network_policy,
         health_port=args.health_port,
         metrics_port=args.metrics_port,
         log_format=args.log_format,
@@ -143,6 +144,16 @@ def _add_trainer_image(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_network_policy(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--network-policy",
+        action=argparse.BooleanOptionalAction,
+        default=DEFAULTS.network_policy,
+        help="give each job a NetworkPolicy admitting only its own pods, unless its "
+        "spec.networkPolicy.enabled says otherwise (default: %(default)s)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kube-ddp", description="Run PyTorch DDP training jobs on Kubernetes."
@@ -158,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("file", help="a DDPTrainingJob YAML file, or - for stdin")
     render.add_argument("-n", "--namespace", help="namespace (default: the file's, or default)")
     _add_trainer_image(render)
+    _add_network_policy(render)
     render.add_argument(
         "--attempt", type=int, default=0, help="the group restart count to render (default 0)"
     )
@@ -184,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     operator.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~)")
     _add_trainer_image(operator)
+    _add_network_policy(operator)
     operator.add_argument(
         "--health-port",
         type=int,

@@ -17,6 +17,7 @@ SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/
 class OperatorConfig:
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     trainer_image: str = names.DEFAULT_TRAINER_IMAGE
+    network_policy: bool = True  # each job's NetworkPolicy unless its spec turns it off
     health_port: int = 8080  # /healthz (liveness) and /readyz (readiness)
     metrics_port: int = 8081  # /metrics (Prometheus); 0 turns it off
     log_format: str = "full"  # json, plain or full (kopf's formats)

@@ -34,12 +34,14 @@ from kube_ddp.builders import (
 from kube_ddp.config import OperatorConfig
 from kube_ddp.jobfile import describe_errors
 from kube_ddp.kube import (
+    ApiError,
     Kube,
     NotFoundError,
     RefusedError,
     job_path,
     workload_path,
 )
+from kube_ddp.reasons import Reason
 from kube_ddp.status import (
     Action,
     CreateWorkers,
@@ -49,8 +51,12 @@ from kube_ddp.status import (
     DeletePods,
     MPIJobView,
     PodView,
+    Refusal,
     SuspendMPIJob,
+    classify,
     decide,
+    most_decisive,
+    refuse,
     reject,
 )
 from kube_ddp.workqueue import WorkQueue
@@ -66,9 +72,30 @@ MPI_OPERATOR_MISSING = (
     "then restart kube-ddp; or use launcher: torchrun"
 )
 # Children that need no other to exist: created first, together (see `Controller._act`).
-FIRST_ROUND_KINDS = frozenset({"Service", "ServiceAccount", "Role", "PodGroup"})
+FIRST_ROUND_KINDS = frozenset(
+    {"Service", names.NETWORK_POLICY_KIND, "ServiceAccount", "Role", "PodGroup"}
+)
 FIRST_RETRY_DELAY = 1.0  # seconds; doubled after each failed reconcile of the same job
 MAX_RETRY_DELAY = 60.0
+
+
+class KindNotServedError(Exception):
+    """A child's kind is not served by this cluster (a gang's PodGroup): the job cannot run."""
+
+
+class ChildrenRefusedError(Exception):
+    """The API server refused children of one `CreateWorkers` (`refusal`, the decisive one);
+    `pods` are the worker pods that were created before or in the same round."""
+
+    def __init__(self, refusal: Refusal, pods: tuple[str, ...]) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+        self.pods = pods
+
+
+class WaitingForRoomError(Exception):
+    """A refusal that waits (a full quota) holds the job; its status says so. Retried with
+    the same backoff as an error, and no event of its own pods creates the group sooner."""
 
 
 def utcnow() -> datetime:
@@ -154,6 +181,9 @@ class Controller:
     watches_mpijobs: Callable[[], bool] = lambda: True
     watches_workloads: Callable[[], bool] = lambda: True  # Kueue's, the same way
     synced: set[Key] = field(default_factory=set)  # reconciled since we started
+    # Jobs waiting for room (`WaitingForRoomError`): no group is created before this loop time,
+    # whatever events arrive (deleting the refused group's pods makes a burst of them).
+    held_until: dict[Key, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.expectations = Expectations(self.config.expectation_timeout)
@@ -161,7 +191,9 @@ class Controller:
 
     @property
     def build_settings(self) -> BuildSettings:
-        return BuildSettings(trainer_image=self.config.trainer_image)
+        return BuildSettings(
+            trainer_image=self.config.trainer_image, network_policy=self.config.network_policy
+        )
 
     # --- what the kopf handlers tell us --------------------------------------------------
 
@@ -175,6 +207,7 @@ class Controller:
         self.expectations.forget(key)
         self.failures.pop(key, None)
         self.synced.discard(key)
+        self.held_until.pop(key, None)
 
     def pod_changed(self, key: Key, pod_name: str, window: float) -> None:
         self.expectations.observe(key, pod_name)
@@ -213,18 +246,36 @@ class Controller:
             await self._apply(key, body, status, reject(status, [queued.refused], now))
             return
         decision = decide(job, pods, now, expected, self.mpijobs.get(key), queued.suspended)
+        if self._held(key, decision):
+            return  # the scheduled retry creates the group
         try:
             for action in decision.actions:
                 await self._act(key, body, job, action)
-        except (NotFoundError, RefusedError) as error:
-            if isinstance(error, NotFoundError) and job.spec.launcher != "mpi":
+        except NotFoundError:
+            if job.spec.launcher != "mpi":
                 raise  # a namespace being deleted, say: retried like any error
-            # The API server refuses what the spec builds (a field the schema leaves free), or
-            # does not serve the MPIJob kind at all.
-            refusal = MPI_OPERATOR_MISSING if isinstance(error, NotFoundError) else error.message
-            await self._apply(key, body, status, reject(status, [refusal], now))
+            await self._apply(key, body, status, reject(status, [MPI_OPERATOR_MISSING], now))
             return
+        except ChildrenRefusedError as refused:
+            ours = [p.name for p in pods] if job.spec.launcher == "torchrun" else []
+            decision = refuse(status, refused.refusal, [*ours, *refused.pods], now)
+            for action in decision.actions:
+                if isinstance(action, DeletePods):  # gone, so never expected
+                    for pod_name in action.names:
+                        self.expectations.observe(key, pod_name)
+                await self._act(key, body, job, action)
+            await self._apply(key, body, status, decision)
+            if refused.refusal.verdict == "wait":
+                raise WaitingForRoomError(refused.refusal.message) from None
+            return
+        self.held_until.pop(key, None)
         await self._apply(key, body, status, decision)
+
+    def _held(self, key: Key, decision: Decision) -> bool:
+        """Whether `decision` would create a group while the job waits for room."""
+        until = self.held_until.get(key)
+        creates = any(isinstance(a, CreateWorkers) for a in decision.actions)
+        return creates and until is not None and asyncio.get_running_loop().time() < until
 
     async def _apply_kueue(
         self, key: Key, body: dict[str, Any], job: DDPTrainingJob, pods: list[PodView]
@@ -273,6 +324,12 @@ class Controller:
         try:
             with metrics.RECONCILE_DURATION.time():
                 await self.reconcile(key)
+        except WaitingForRoomError as waiting:
+            failures = self.failures[key] = self.failures.get(key, 0) + 1
+            delay = retry_delay(failures)
+            self.held_until[key] = asyncio.get_running_loop().time() + delay
+            log.info("%s/%s: %s; trying again in %.1fs", *key, waiting, delay)
+            self.queue.add(key, after=delay)
         except Exception as error:
             failures = self.failures[key] = self.failures.get(key, 0) + 1
             delay = retry_delay(failures)
@@ -280,7 +337,8 @@ class Controller:
             log.warning("reconciling %s/%s failed (%s); retrying in %.1fs", *key, error, delay)
             self.queue.add(key, after=delay)
         else:
-            self.failures.pop(key, None)
+            if key not in self.held_until:  # a held reconcile keeps the backoff growing
+                self.failures.pop(key, None)
             if key not in self.synced:
                 self.synced.add(key)
                 metrics.JOBS_SYNCED.inc()
@@ -297,16 +355,25 @@ class Controller:
             # Two rounds, each at once: pods (and an MPIJob's) name the ServiceAccount and the
             # PodGroup, and the RoleBinding its Role, which must exist first (without `bind`,
             # the API server checks the binder against the Role's rules, so an operator with
-            # least privilege gets a 404 otherwise); then the rest. Fewer round trips per job
-            # than one child after another.
+            # least privilege gets a 404 otherwise), and the NetworkPolicy guards the pods from
+            # their start; then the rest. Fewer round trips per job than one child after
+            # another. A refused round raises `ChildrenRefusedError` (`_raise_refusal`).
             if job.spec.launcher == "mpi":  # the MPIJob is expected until the watch shows it
                 self.expectations.expect(key, [job.name], asyncio.get_running_loop().time())
             first = [c for c in others if c["kind"] in FIRST_ROUND_KINDS]
             then = [c for c in others if c["kind"] not in FIRST_ROUND_KINDS]
-            await asyncio.gather(*(self._create_child(job, child) for child in first))
-            await asyncio.gather(
-                *(self._create_child(job, child) for child in then), self._create_pods(key, pods)
+            done = await asyncio.gather(
+                *(self._create_child(job, child) for child in first), return_exceptions=True
             )
+            _raise_refusal(done, ())
+            done, by_pod = await asyncio.gather(
+                asyncio.gather(
+                    *(self._create_child(job, child) for child in then), return_exceptions=True
+                ),
+                self._create_pods(key, pods),
+            )
+            created = tuple(n for n, error in by_pod.items() if error is None)
+            _raise_refusal([*done, *by_pod.values()], created)
         elif isinstance(action, DeletePods):
             await asyncio.gather(
                 *(self.kube.delete_pod(namespace, pod, action.force) for pod in action.names)
@@ -324,20 +391,23 @@ class Controller:
         except NotFoundError as error:
             if child["kind"] != "PodGroup":
                 raise
-            raise RefusedError(error.status, gang.not_served(job)) from error
+            raise KindNotServedError(gang.not_served(job)) from error
 
-    async def _create_pods(self, key: Key, pods: list[dict[str, Any]]) -> None:
+    async def _create_pods(
+        self, key: Key, pods: list[dict[str, Any]]
+    ) -> dict[str, BaseException | None]:
         """Create `pods`, expected from before the first request (the watch may show one
-        before its create returns); a pod whose create failed is not expected."""
+        before its create returns); a pod whose create failed is not expected. Each pod's
+        error, None where it exists now."""
         pod_names = [p["metadata"]["name"] for p in pods]
         self.expectations.expect(key, pod_names, asyncio.get_running_loop().time())
         results = await asyncio.gather(*(self.kube.create(p) for p in pods), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
+        errors: dict[str, BaseException | None] = {}
         for pod_name, result in zip(pod_names, results, strict=True):
+            errors[pod_name] = result if isinstance(result, BaseException) else None
             if isinstance(result, BaseException):
                 self.expectations.observe(key, pod_name)
-        if errors:
-            raise errors[0]
+        return errors
 
     async def _apply(
         self, key: Key, body: dict[str, Any], before: JobStatus, decision: Decision
@@ -359,6 +429,26 @@ class Controller:
         )
         if decision.requeue_after is not None:
             self.queue.add(key, after=decision.requeue_after + 0.5)
+
+
+def _raise_refusal(results: Iterable[object], pods: tuple[str, ...]) -> None:
+    """After one round of creates (`results`, exceptions among them): raise `ChildrenRefusedError`
+    for the decisive refusal, or the first error to retry as it is (a 500, a timeout, a 404)."""
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if not errors:
+        return
+    refusals: list[Refusal] = []
+    for error in errors:
+        if isinstance(error, KindNotServedError):
+            refusals.append(Refusal("fail", Reason.INVALID_SPEC, f"Invalid spec: {error}"))
+        elif isinstance(error, ApiError):
+            refusals.append(classify(error.status, error.message))
+        else:
+            raise error
+    decisive = most_decisive(refusals)
+    if decisive.verdict == "retry":
+        raise errors[refusals.index(decisive)]
+    raise ChildrenRefusedError(decisive, pods)
 
 
 def _owned_status(status: JobStatus) -> dict[str, Any]:

@@ -30,6 +30,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     (names.MPIJOB_API_VERSION, names.MPIJOB_KIND): names.MPIJOB_PLURAL,
+    (names.NETWORK_POLICY_API_VERSION, names.NETWORK_POLICY_KIND): names.NETWORK_POLICY_PLURAL,
     (names.API_VERSION, names.KIND): names.PLURAL,
     **{(kind.api_version, kind.kind): kind.plural for kind in gang.KINDS.values()},
     (kueue.API_VERSION, kueue.WORKLOAD_KIND): kueue.WORKLOADS,
@@ -63,7 +64,8 @@ class UnauthorizedError(ApiError):
 
 
 class ForbiddenError(ApiError):
-    """403: RBAC does not allow it."""
+    """403: RBAC does not allow it, or an admission plugin refuses the object (PodSecurity, a
+    ResourceQuota, a LimitRange: `status.refusals` tells them apart)."""
 
 
 class NotFoundError(ApiError):

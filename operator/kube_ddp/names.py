@@ -32,6 +32,11 @@ DEFAULT_TRAINER_IMAGE: Final = f"{TRAINER_REPOSITORY}:{__version__}"
 TRAINER_IMAGE_GID: Final = contract.IMAGE_GID
 TRAINER_CONTAINER: Final = "trainer"
 
+# The job's NetworkPolicy (builders.build_network_policy).
+NETWORK_POLICY_API_VERSION: Final = "networking.k8s.io/v1"
+NETWORK_POLICY_KIND: Final = "NetworkPolicy"
+NETWORK_POLICY_PLURAL: Final = "networkpolicies"
+
 # The Kubeflow MPI Operator's job kind, which `launcher: mpi` creates.
 MPIJOB_API_VERSION: Final = "kubeflow.org/v2beta1"
 MPIJOB_KIND: Final = "MPIJob"

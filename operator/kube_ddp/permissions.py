@@ -107,6 +107,13 @@ JOB_RULES: tuple[Rule, ...] = (
         "Kube.create(build_reporter_rbac)",
     ),
     Rule(
+        names.NETWORK_POLICY_API_VERSION.rpartition("/")[0],
+        (names.NETWORK_POLICY_PLURAL,),
+        ("create",),
+        "the job's NetworkPolicy: Controller._act(CreateWorkers) -> "
+        "Kube.create(builders.build_network_policy)",
+    ),
+    Rule(
         "",
         ("events",),
         ("create",),

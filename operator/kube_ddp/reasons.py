@@ -33,6 +33,11 @@ class Reason(StrEnum):
     PREEMPTED = "Preempted"  # Suspended: Kueue preempted its Workload for a higher priority one
     EVICTED = "Evicted"  # Suspended: Kueue evicted its Workload (deactivated, stopped queue, ...)
     INVALID_SPEC = "InvalidSpec"  # the models or the API server refuse what the spec builds
+    POD_SECURITY_VIOLATION = "PodSecurityViolation"  # Failed: the namespace's Pod Security level
+    ADMISSION_DENIED = "AdmissionDenied"  # Failed: a webhook or ValidatingAdmissionPolicy said no
+    LIMIT_RANGE_VIOLATION = "LimitRangeViolation"  # Failed: outside the namespace's LimitRange
+    ADMISSION_REFUSED = "AdmissionRefused"  # Failed: another admission plugin refused a child
+    QUOTA_EXCEEDED = "QuotaExceeded"  # Created=False, Pending: waits for ResourceQuota room
     MPIJOB_CREATED = "MPIJobCreated"  # launcher mpi: the MPI Operator runs the pods
     MPI_OPERATOR_NOT_RESPONDING = (
         "MPIOperatorNotResponding"  # launcher mpi: its MPIJob has no status

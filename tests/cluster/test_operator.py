@@ -7,6 +7,9 @@ Worker outcomes are driven by kwok through the `sim.kubeddp.io/exit-code` annota
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import kubernetes
 
 from kube_ddp import names
 from tests.cluster.operator_support import (
@@ -187,6 +190,38 @@ def test_deleting_a_job_removes_its_children_without_the_operator(
         lambda: not cluster.core.list_namespaced_service(namespace).items,
         "the garbage collector to remove the Service",
     )
+    wait_for(
+        lambda: not network_policies(cluster, namespace),
+        "the garbage collector to remove the NetworkPolicy",
+    )
+
+
+def network_policies(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    networking = kubernetes.client.NetworkingV1Api(cluster.api)
+    items = networking.list_namespaced_network_policy(namespace).items
+    return {p.metadata.name: p for p in items}
+
+
+def test_each_job_gets_a_network_policy_admitting_only_its_own_pods(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """Applied by the real API server before the pods; a job can turn it off or widen it."""
+    scraper = {"from": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]}
+    jobs.create(job_manifest("bar", networkPolicy={"ingress": [scraper]}, **GPU_2X8))
+    jobs.create(job_manifest("open", networkPolicy={"enabled": False}, nodes=1))
+    jobs.wait_pods("bar", 2)
+    jobs.wait_pods("open", 1)
+    (policy,) = network_policies(cluster, jobs.namespace).values()  # none for "open"
+    assert policy.metadata.name == "bar"
+    assert policy.metadata.owner_references[0].kind == "DDPTrainingJob"
+    own = {names.LABEL_JOB_NAME: "bar"}
+    assert policy.spec.pod_selector.match_labels == own
+    assert policy.spec.policy_types == ["Ingress"]  # egress: DNS, the API server, untouched
+    first, widened = policy.spec.ingress
+    assert first.ports is None and first._from[0].pod_selector.match_labels == own
+    assert widened._from[0].namespace_selector.match_labels == {"team": "monitoring"}
+    for pod in jobs.pods("bar"):
+        assert own.items() <= pod.metadata.labels.items()
 
 
 def test_spec_the_api_server_refuses_in_a_pod_fails_the_job(

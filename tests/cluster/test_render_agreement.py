@@ -122,6 +122,16 @@ SPEC = st.fixed_dictionaries(
         "elastic": st.one_of(
             optional_fields(minNodes=integers(1, 1024), maxNodes=integers(1, 1024)), st.none()
         ),
+        "networkPolicy": st.one_of(
+            optional_fields(
+                enabled=st.one_of(st.booleans(), WRONG_TYPES),
+                ingress=st.one_of(
+                    st.lists(st.sampled_from([{"from": []}, {"ports": [{"port": 9090}]}, 3])),
+                    WRONG_TYPES,
+                ),
+            ),
+            st.none(),
+        ),
         "runPolicy": st.one_of(
             optional_fields(
                 backoffLimit=integers(0, 100),

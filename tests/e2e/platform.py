@@ -177,11 +177,37 @@ def dev_platform(cluster: Cluster, helm: Path) -> DevPlatform:
     sys.path.insert(0, str(REPO / "hack"))
     from devcluster import images, node
 
-    venv = Path(sys.prefix)
-    # /etc/alternatives: Debian's commands such as mpirun and awk are links through it.
+    job_overrides = dev_job_overrides()
+    mounts = dev_mounts()
+    # The operator runs from its own image, built from the Dockerfile (devcluster.images).
+    images.import_operator_image(node.ctr())
+    repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
+    on_real_node = job_overrides["template"]
+    helm_args = [
+        *("--set", f"image.repository={repository}", "--set", f"image.tag={tag}"),
+        *("--set", "image.pullPolicy=Never", "--set", "operator.logFormat=plain"),
+        *("--set-json", f"nodeSelector={json.dumps(on_real_node['nodeSelector'])}"),
+        *("--set-json", f"tolerations={json.dumps(on_real_node['tolerations'])}"),
+    ]
+    return DevPlatform(cluster, helm, job_overrides, helm_args, mounts)
+
+
+def dev_mounts() -> dict[str, Path]:
+    """The host's directories every worker on the real node mounts read-only, by volume name.
+    /etc/alternatives: Debian's commands such as mpirun and awk are links through it."""
     mounts = {"usr": Path("/usr"), "alternatives": Path("/etc/alternatives"), "repo": REPO}
     if not Path(sys.base_prefix).is_relative_to("/usr"):
         mounts["python"] = Path(sys.base_prefix)
+    return mounts
+
+
+def dev_job_overrides() -> dict[str, Any]:
+    """What puts a job's pods on the dev cluster's real node, running this repository."""
+    sys.path.insert(0, str(REPO / "hack"))
+    from devcluster import images, node
+
+    venv = Path(sys.prefix)
+    mounts = dev_mounts()
     volumes = [
         {"name": n, "hostPath": {"path": str(p), "type": "Directory"}} for n, p in mounts.items()
     ]
@@ -200,16 +226,7 @@ def dev_platform(cluster: Cluster, helm: Path) -> DevPlatform:
             "volumeMounts": volume_mounts,
         },
     }
-    # The operator runs from its own image, built from the Dockerfile (devcluster.images).
-    images.import_operator_image(node.ctr())
-    repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
-    helm_args = [
-        *("--set", f"image.repository={repository}", "--set", f"image.tag={tag}"),
-        *("--set", "image.pullPolicy=Never", "--set", "operator.logFormat=plain"),
-        *("--set-json", f"nodeSelector={json.dumps(on_real_node['nodeSelector'])}"),
-        *("--set-json", f"tolerations={json.dumps(on_real_node['tolerations'])}"),
-    ]
-    return DevPlatform(cluster, helm, job_overrides, helm_args, mounts)
+    return job_overrides
 
 
 def external_platform(cluster: Cluster, helm: Path) -> ExternalPlatform:

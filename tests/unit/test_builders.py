@@ -199,6 +199,7 @@ def test_children_in_creation_order() -> None:
     children = build_children(make_job(**GPU_2X8), settings=SETTINGS)
     assert [(c["kind"], c["metadata"]["name"]) for c in children] == [
         ("Service", "bar"),
+        ("NetworkPolicy", "bar"),
         ("ServiceAccount", "bar-trainer"),
         ("Role", "bar-trainer"),
         ("RoleBinding", "bar-trainer"),
@@ -211,7 +212,7 @@ def test_children_in_creation_order() -> None:
 
 
 def test_reporter_may_only_touch_its_own_jobs_status() -> None:
-    _, account, role, binding, *pods = build_children(make_job(**GPU_2X8), settings=SETTINGS)
+    _, _, account, role, binding, *pods = build_children(make_job(**GPU_2X8), settings=SETTINGS)
     assert role["rules"] == [
         {
             "apiGroups": ["kubeddp.io"],
@@ -229,7 +230,7 @@ def test_reporter_may_only_touch_its_own_jobs_status() -> None:
 
 def test_the_users_service_account_keeps_the_reporters_rights() -> None:
     job = make_job(**GPU_2X8, template={"serviceAccountName": "mine"})
-    _, account, _, binding, *pods = build_children(job, settings=SETTINGS)
+    _, _, account, _, binding, *pods = build_children(job, settings=SETTINGS)
     assert [s["name"] for s in binding["subjects"]] == [account["metadata"]["name"], "mine"]
     assert {p["spec"]["serviceAccountName"] for p in pods} == {"mine"}
 
@@ -600,7 +601,56 @@ def test_mpi_ssh_settings_meet_on_both_ends() -> None:
 
 def test_mpi_launcher_children_are_one_mpijob() -> None:
     children = build_children(make_job(launcher="mpi", **GAUDI_2X8), settings=SETTINGS)
-    assert [c["kind"] for c in children] == ["ServiceAccount", "Role", "RoleBinding", "MPIJob"]
+    assert [c["kind"] for c in children] == [
+        "NetworkPolicy",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "MPIJob",
+    ]
+
+
+def _policy(job_spec: dict[str, Any], settings: BuildSettings = SETTINGS) -> dict[str, Any] | None:
+    children = build_children(make_job(**job_spec), settings=settings)
+    return next((c for c in children if c["kind"] == "NetworkPolicy"), None)
+
+
+def test_the_network_policy_admits_only_the_jobs_own_pods_and_leaves_egress_alone() -> None:
+    policy = _policy(GPU_2X8)
+    assert policy is not None
+    validate_strict(policy)
+    spec = policy["spec"]
+    own = {"matchLabels": {names.LABEL_JOB_NAME: "bar"}}
+    assert spec == {
+        "podSelector": own,
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": own}]}],
+    }
+    pods = [c for c in build_children(make_job(**GPU_2X8)) if c["kind"] == "Pod"]
+    for pod in pods:  # every pod is both guarded and admitted
+        assert own["matchLabels"].items() <= pod["metadata"]["labels"].items()
+
+
+def test_the_network_policy_selects_the_mpi_launcher_and_workers() -> None:
+    policy = _policy({"launcher": "mpi", **GAUDI_2X8})
+    mpijob = build_mpijob(make_job(launcher="mpi", **GAUDI_2X8), 0, SETTINGS)
+    selector = policy["spec"]["podSelector"]["matchLabels"]  # type: ignore[index]
+    for replica in mpijob["spec"]["mpiReplicaSpecs"].values():
+        assert selector.items() <= replica["template"]["metadata"]["labels"].items()
+
+
+def test_the_network_policy_can_be_widened_or_turned_off() -> None:
+    scraper = {
+        "from": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}],
+        "ports": [{"port": 9090}],
+    }
+    widened = _policy({**GPU_2X8, "networkPolicy": {"ingress": [scraper]}})
+    assert widened is not None and widened["spec"]["ingress"][1:] == [scraper]
+    validate_strict(widened)
+    assert _policy({**GPU_2X8, "networkPolicy": {"enabled": False}}) is None
+    off = BuildSettings(trainer_image="x", network_policy=False)
+    assert _policy(GPU_2X8, off) is None  # the operator's default, off
+    assert _policy({**GPU_2X8, "networkPolicy": {"enabled": True}}, off) is not None
 
 
 def test_children_for_some_indices_only() -> None:

@@ -116,6 +116,7 @@ def test_a_new_job_gets_its_children_then_a_status_and_an_event() -> None:
     ]
     assert created == [
         ("services", "bar"),
+        ("networkpolicies", "bar"),
         ("serviceaccounts", "bar-trainer"),
         ("roles", "bar-trainer"),
         ("rolebindings", "bar-trainer"),
@@ -354,3 +355,73 @@ def test_pods_whose_create_failed_are_not_waited_for() -> None:
     fake = run(scenario)
     refused, *rest = [c.body["metadata"]["name"] for c in fake.made("POST", PODS)]
     assert len(rest) == 2 and rest[-1] == refused  # the refused pod, created by the retry
+
+
+QUOTA_FULL = 'pods "bar-worker-0" is forbidden: exceeded quota: gpus, requested: requests.cpu=1'
+
+
+def test_a_pod_refused_for_quota_takes_its_created_peer_with_it_and_waits() -> None:
+    """worker-1 is created, worker-0 refused by a full quota: worker-1 is deleted (no half
+    group holds its GPUs), the job says it waits; no event recreates the group before the
+    backoff has passed, the retry after it does, with no restart counted."""
+    retries: list[float] = []
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        controller.queue.add = lambda key, after=0.0: retries.append(after)  # type: ignore[method-assign]
+        start(fake, controller, job_body())
+        fake.answer("POST", "/pods/?$", 403, QUOTA_FULL)  # the first pod create only
+        await controller.reconcile_or_retry(KEY)
+        await controller.reconcile_or_retry(KEY)  # an event of the deleted pod: held
+        assert len(fake.made("POST", PODS)) == 2
+        controller.held_until[KEY] = 0.0  # the backoff has passed
+        await controller.reconcile_or_retry(KEY)
+        assert KEY not in controller.failures
+
+    fake = run(scenario)
+    _, created, *again = [c.body["metadata"]["name"] for c in fake.made("POST", PODS)]
+    assert [c.path.rsplit("/", 1)[-1] for c in fake.made("DELETE", PODS)] == [created]
+    assert sorted(again) == ["bar-worker-0", "bar-worker-1"]
+    waiting, recreated = written_statuses(fake)
+    assert waiting["phase"] == "Pending"
+    (condition,) = [c for c in waiting["conditions"] if c["type"] == "Created"]
+    assert (condition["status"], condition["reason"]) == ("False", Reason.QUOTA_EXCEEDED)
+    assert QUOTA_FULL in condition["message"]
+    assert recreated.get("restarts", 0) == 0 and recreated["phase"] == "Pending"
+    assert event_reasons(fake) == [Reason.QUOTA_EXCEEDED, Reason.WORKERS_CREATED]
+    assert retries == [retry_delay(1)]
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "reason"),
+    [
+        (
+            403,
+            'pods "bar-worker-1" is forbidden: violates PodSecurity "baseline:latest": '
+            "host namespaces (hostIPC=true)",
+            Reason.POD_SECURITY_VIOLATION,
+        ),
+        (
+            400,
+            'admission webhook "deny.example.com" denied the request: no GPUs on Fridays',
+            Reason.ADMISSION_DENIED,
+        ),
+    ],
+    ids=["pod security", "webhook"],
+)
+def test_a_refusal_retrying_cannot_help_fails_the_job_and_leaves_no_pod(
+    status: int, message: str, reason: Reason
+) -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body())
+        fake.answer("POST", "/pods/?$", status, message)
+        await controller.reconcile_or_retry(KEY)
+        assert KEY not in controller.failures  # done: nothing to retry
+
+    fake = run(scenario)
+    (written,) = written_statuses(fake)
+    assert written["phase"] == "Failed"
+    (failed,) = [c for c in written["conditions"] if c["type"] == "Failed"]
+    assert failed["reason"] == reason and message in failed["message"]
+    (created,) = [c.body["metadata"]["name"] for c in fake.made("POST", PODS)][1:]
+    assert [c.path.rsplit("/", 1)[-1] for c in fake.made("DELETE", PODS)] == [created]
+    assert event_reasons(fake) == [reason]

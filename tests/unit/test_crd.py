@@ -63,6 +63,7 @@ def test_cross_field_rules_are_cel_validations() -> None:
     ]
     models = [api.DDPTrainingJobSpec, api.Accelerator, api.ElasticPolicy]
     models += [api.EnvVar, api.Resources, api.PodTemplateOverrides, api.GangPolicy]
+    models += [api.NetworkPolicySettings]
     expected = [rule.cel for model in models for rule in model.RULES]
     expected += [rule["rule"] for rule in api.transition_rules()]
     for model in (api.PodTemplateOverrides, api.ContainerSettings):

@@ -47,6 +47,11 @@
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["create"]
+# the job's NetworkPolicy: Controller._act(CreateWorkers) ->
+# Kube.create(builders.build_network_policy)
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create"]
 # Events on jobs: Controller._apply -> Kube.create(builders.build_event); kopf's posting
 - apiGroups: [""]
   resources: ["events"]

@@ -6,7 +6,7 @@ one of its pods; it must give the same answer when called again with the same in
 may repeat it at any time). One module per policy: `views` (what is read of pods and MPIJobs),
 `draft` (actions, Events, the decision being built), `lifecycle` (progress, suspend, deadline,
 the end and its cleanup), `failures` (restart or fail), `torchrun` and `mpi` (the two
-launchers' paths).
+launchers' paths), `refusals` (what the API server's refusal of a child means for the job).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from kube_ddp.status.draft import (
 )
 from kube_ddp.status.lifecycle import FINISHED
 from kube_ddp.status.mpi import decide_mpi
+from kube_ddp.status.refusals import Refusal, classify, most_decisive, refuse
 from kube_ddp.status.torchrun import decide_torchrun
 from kube_ddp.status.views import MPIJobView, PodView
 
@@ -43,8 +44,12 @@ __all__ = [
     "Event",
     "MPIJobView",
     "PodView",
+    "Refusal",
     "SuspendMPIJob",
+    "classify",
     "decide",
+    "most_decisive",
+    "refuse",
     "reject",
 ]
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
 from kube_ddp import gang
-from kube_ddp.api import DDPTrainingJob, Phase, RunPolicy, WorkerCounts
+from kube_ddp.api import DDPTrainingJob, JobStatus, Phase, RunPolicy, WorkerCounts
 from kube_ddp.reasons import Reason
 from kube_ddp.status.draft import DeleteJob, Draft, Event, condition_status
 from kube_ddp.status.views import PodView
@@ -19,6 +19,12 @@ FINISHED: tuple[Phase, ...] = ("Succeeded", "Failed")
 NODE_SILENCE_SECONDS = 30
 # Phases in which the pods of the current attempt have not all been created yet.
 NOT_CREATED: tuple[Phase | None, ...] = (None, "Restarting", "Suspended")
+
+
+def not_created(status: JobStatus) -> bool:
+    """The pods of the current attempt are still to be created: a phase of `NOT_CREATED`, or
+    `Created=False` (a full quota refused the group: `refusals.refuse`)."""
+    return status.phase in NOT_CREATED or condition_status(status, "Created") == "False"
 
 
 class Group(Protocol):

@@ -16,11 +16,11 @@ from kube_ddp.status.draft import CreateWorkers, DeleteMPIJob, Draft, Event, Sus
 from kube_ddp.status.failures import WorkerFailure, cause_first, fail_or_restart, pod_failure
 from kube_ddp.status.lifecycle import (
     FINISHED,
-    NOT_CREATED,
     after_finish,
     count_workers,
     deadline_exceeded,
     finish,
+    not_created,
     progress,
     suspend,
 )
@@ -79,7 +79,7 @@ def decide_mpi(
     if mpijob is None:
         if job.name in expected:
             return  # created; the watch has not shown it yet
-        if status.phase in NOT_CREATED:
+        if not_created(status):
             _create_mpijob(draft, job, attempt)
             return
         vanished = WorkerFailure(

@@ -9,16 +9,16 @@ from dataclasses import dataclass
 from kube_ddp import names
 from kube_ddp.api import DDPTrainingJob, RunPolicy, WorkerCounts
 from kube_ddp.reasons import PodReason, Reason
-from kube_ddp.status.draft import CreateWorkers, Draft
+from kube_ddp.status.draft import CreateWorkers, Draft, Event
 from kube_ddp.status.failures import WorkerFailure, cause_first, fail_or_restart, pod_failure
 from kube_ddp.status.lifecycle import (
     FINISHED,
-    NOT_CREATED,
     after_finish,
     count_workers,
     deadline_exceeded,
     finish,
     force_delete_overdue,
+    not_created,
     progress,
     progress_stalled,
     suspend,
@@ -72,7 +72,7 @@ def decide_torchrun(
         finish(draft, job, Pods(ours), "Failed", Reason.DEADLINE_EXCEEDED, late)
     elif stale:
         draft.delete(stale)
-    elif status.phase in NOT_CREATED:
+    elif not_created(status):
         if not any(p.deleting for p in current.values()):  # same names: let them go first
             missing = [i for i in range(job.spec.nodes) if i not in current]
             _create(draft, job, attempt, missing)
@@ -119,6 +119,8 @@ def _create(draft: Draft, job: DDPTrainingJob, attempt: int, indices: list[int])
     if resumed:
         draft.condition("Suspended", "False", Reason.RESUMED, "The job was resumed")
     message = f"Created {job.spec.nodes} worker pods (attempt {attempt})"
+    if draft.status.phase == "Pending":  # it waited for room: said, though the phase stays
+        draft.events.append(Event("Normal", Reason.WORKERS_CREATED, message))
     draft.condition("Created", "True", Reason.WORKERS_CREATED, message)
     draft.phase("Pending", Reason.RESUMED if resumed else Reason.WORKERS_CREATED, message)
 
