@@ -435,18 +435,26 @@ def test_a_deleted_job_takes_every_child_with_it(platform: Platform, jobs: Jobs)
         jobs.get("doomed")
 
 
+OWN_SCRIPT = REPO / "manifests" / "examples" / "own-script"
+
+
+def own_script_example(jobs: Jobs) -> dict[str, Any]:
+    """manifests/examples/own-script as its header says to apply it: the script in a ConfigMap
+    of the job's namespace, and the job's document as shipped."""
+    jobs.cluster.kubectl(
+        "create", "configmap", "own-script", f"--from-file={OWN_SCRIPT / 'train.py'}",
+        "-n", jobs.namespace,
+    )  # fmt: skip
+    document: dict[str, Any] = yaml.safe_load((OWN_SCRIPT / "job.yaml").read_text())
+    return document
+
+
 def test_the_own_script_example_trains_under_kube_ddps_torchrun(
     platform: Platform, jobs: Jobs
 ) -> None:
-    """manifests/examples/own-script as its header says to apply it: the script in a
-    ConfigMap, `python train.py` with nprocPerNode 2, which kube-ddp starts under torchrun:
-    4 ranks in 2 pods, each with its RANK and LOCAL_RANK from torchrun."""
-    example = REPO / "manifests" / "examples" / "own-script"
-    jobs.cluster.kubectl(
-        "create", "configmap", "own-script", f"--from-file={example / 'train.py'}",
-        "-n", jobs.namespace,
-    )  # fmt: skip
-    document = yaml.safe_load((example / "job.yaml").read_text())
+    """The own-script example: `python train.py` with nprocPerNode 2, which kube-ddp starts
+    under torchrun: 4 ranks in 2 pods, each with its RANK and LOCAL_RANK from torchrun."""
+    document = own_script_example(jobs)
     jobs.create({**document, "spec": platform.job_spec(document["spec"])})
     status = jobs.wait_phase("own-script", "Succeeded", timeout=TRAINING_TIMEOUT)
     assert status["restarts"] == 0, status.get("failure")
@@ -454,3 +462,38 @@ def test_the_own_script_example_trains_under_kube_ddps_torchrun(
     for rank, local in ((0, 0), (1, 1), (2, 0), (3, 1)):
         assert f"rank {rank} of 4 (local rank {local})" in said, said[-3000:]
     assert "done: 200 steps on 4 ranks" in said
+
+
+def test_a_hung_rank_of_the_users_own_script_restarts_at_the_deadline(
+    platform: Platform, jobs: Jobs
+) -> None:
+    """Issue 25: a plain PyTorch script that reports with ddp_trainer.progress.report gets the
+    progress deadline as the trainer does. One process a pod (so the script is the container's
+    own process, not under torchrun) and many epochs; once rank 0 has reported, rank 1 stops
+    (SIGSTOP): rank 0 blocks in its all-reduce, its reports stop, and the group restarts with
+    ProgressDeadlineExceeded long before torch's own 30 min gloo timeout would end it."""
+    document = own_script_example(jobs)
+    spec = {
+        **document["spec"],
+        "nprocPerNode": 1,
+        "args": ["--epochs", "100000", "--steps-per-epoch", "100"],
+        "runPolicy": {"backoffLimit": 1, "progressDeadlineSeconds": PROGRESS_DEADLINE},
+    }
+    jobs.create({**document, "spec": platform.job_spec(spec)})
+    wait_for(
+        lambda: (jobs.status("own-script").get("training") or {}).get("step") is not None,
+        "the script's first progress report",
+        timeout=TRAINING_TIMEOUT,
+        interval=0.5,
+    )
+    victim = jobs.cluster.core.read_namespaced_pod("own-script-worker-1", jobs.namespace)
+    platform.kill(victim, signal.SIGSTOP)
+    hung = time.monotonic()
+    took = wait_restarted(jobs, "own-script", hung, timeout=PROGRESS_DEADLINE + 90)
+    print(f"own script: hang -> group restart: {took:.1f} s")
+    failure = jobs.status("own-script")["failure"]
+    assert failure["reason"] == "ProgressDeadlineExceeded", failure
+    assert failure["pod"] == "own-script-worker-0", failure
+    assert "a rank or a collective hung" in failure["message"], failure
+    assert Reason.PROGRESS_DEADLINE_EXCEEDED in jobs.events("own-script")
+    assert took <= PROGRESS_DEADLINE + 30 + 10  # the last report is at most a heartbeat old
