@@ -736,6 +736,29 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
     }
 
 
+def mpi_admission_probes(mpijob: Obj) -> list[Obj]:
+    """A pod of each of the MPIJob's replicas (the launcher, the first worker), as the MPI
+    Operator will create them, for a server-side dry run before the MPIJob exists: the MPI
+    Operator's own creates are refused where the job cannot see it (PodSecurity, a webhook,
+    a LimitRange), so kube-ddp asks the API server first and says the answer on the job."""
+    namespace = mpijob["metadata"]["namespace"]
+    name = mpijob["metadata"]["name"]
+    replicas = mpijob["spec"]["mpiReplicaSpecs"]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                **replicas[replica]["template"]["metadata"],
+                "name": f"{name}-{suffix}",
+                "namespace": namespace,
+            },
+            "spec": replicas[replica]["template"]["spec"],
+        }
+        for replica, suffix in (("Launcher", "launcher"), ("Worker", "worker-0"))
+    ]
+
+
 def build_network_policy(job: DDPTrainingJob, settings: BuildSettings) -> Obj | None:
     """Ingress to the job's pods (workers; with launcher mpi, the launcher too) from the job's
     own pods only, on any port: the rendezvous and sshd take no password, and the collectives

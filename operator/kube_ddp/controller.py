@@ -30,6 +30,7 @@ from kube_ddp.builders import (
     build_event,
     build_worker_pod,
     job_labels,
+    mpi_admission_probes,
 )
 from kube_ddp.config import OperatorConfig
 from kube_ddp.jobfile import describe_errors
@@ -358,14 +359,21 @@ class Controller:
             # least privilege gets a 404 otherwise), and the NetworkPolicy guards the pods from
             # their start; then the rest. Fewer round trips per job than one child after
             # another. A refused round raises `ChildrenRefusedError` (`_raise_refusal`).
-            if job.spec.launcher == "mpi":  # the MPIJob is expected until the watch shows it
-                self.expectations.expect(key, [job.name], asyncio.get_running_loop().time())
             first = [c for c in others if c["kind"] in FIRST_ROUND_KINDS]
             then = [c for c in others if c["kind"] not in FIRST_ROUND_KINDS]
             done = await asyncio.gather(
                 *(self._create_child(job, child) for child in first), return_exceptions=True
             )
             _raise_refusal(done, ())
+            mpijobs = [c for c in then if c["kind"] == names.MPIJOB_KIND]
+            if mpijobs:  # the pods the MPI Operator will create, asked about first
+                probes = mpi_admission_probes(mpijobs[0])
+                asked = await asyncio.gather(
+                    *(self.kube.create(p, dry_run=True) for p in probes), return_exceptions=True
+                )
+                _raise_refusal(asked, ())
+                # expected from before its create until the watch shows it
+                self.expectations.expect(key, [job.name], asyncio.get_running_loop().time())
             done, by_pod = await asyncio.gather(
                 asyncio.gather(
                     *(self._create_child(job, child) for child in then), return_exceptions=True

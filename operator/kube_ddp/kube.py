@@ -160,9 +160,12 @@ class Kube:
                 return dict(json.loads(text)) if text else {}
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    async def create(self, obj: Obj) -> bool:
-        """Create `obj`; False if it already existed."""
+    async def create(self, obj: Obj, dry_run: bool = False) -> bool:
+        """Create `obj`; False if it already existed. `dry_run`: only ask whether the API
+        server (its admission included) would create it."""
         path = collection_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"])
+        if dry_run:
+            path += "?dryRun=All"
         try:
             await self.request("POST", path, obj)
         except ConflictError:

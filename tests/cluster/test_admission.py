@@ -40,6 +40,27 @@ def test_a_job_the_namespaces_pod_security_level_refuses_fails_saying_why(
     wait_for(lambda: not jobs.pods("hpu"), "no pod of the refused job left")
 
 
+@pytest.mark.usefixtures("mpi_operator")
+def test_an_mpi_job_whose_pods_the_level_refuses_fails_before_its_mpijob(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """The MPI Operator creates the pods of `launcher: mpi`, and what the server says to it
+    never reaches the job: kube-ddp asks first (a server-side dry run of the launcher's and a
+    worker's pod) and fails the job with the server's words, creating no MPIJob."""
+    level = {"pod-security.kubernetes.io/enforce": "restricted"}
+    cluster.core.patch_namespace(jobs.namespace, {"metadata": {"labels": level}})
+    gaudi_mpi = {"nodes": 2, "launcher": "mpi", "accelerator": {"type": "gaudi", "perNode": 8}}
+    jobs.create(job_manifest("hpu-mpi", **gaudi_mpi))
+    failed = failed_condition(jobs, "hpu-mpi")
+    assert failed["reason"] == "PodSecurityViolation"
+    assert 'violates PodSecurity "restricted:latest"' in failed["message"]
+    assert "hostIPC" in failed["message"], failed
+    mpijobs = cluster.custom_objects.list_namespaced_custom_object(
+        "kubeflow.org", "v2beta1", jobs.namespace, "mpijobs"
+    )["items"]
+    assert mpijobs == []
+
+
 @pytest.fixture
 def deny_without_priority_class(cluster: Cluster, jobs: Jobs) -> Iterator[str]:
     """A ValidatingAdmissionPolicy (CEL, no webhook server) that refuses pods with no

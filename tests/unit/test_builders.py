@@ -17,6 +17,7 @@ from kube_ddp.builders import (
     build_children,
     build_mpijob,
     build_worker_pod,
+    mpi_admission_probes,
 )
 from tests.unit.support import make_job, validate_strict
 
@@ -608,6 +609,18 @@ def test_mpi_launcher_children_are_one_mpijob() -> None:
         "RoleBinding",
         "MPIJob",
     ]
+
+
+def test_the_mpi_admission_probes_are_the_pods_the_mpi_operator_will_create() -> None:
+    obj = mpijob(GAUDI_2X8)
+    launcher, worker = mpi_admission_probes(obj)
+    replicas = obj["spec"]["mpiReplicaSpecs"]
+    assert (launcher["kind"], launcher["metadata"]["name"]) == ("Pod", "bar-launcher")
+    assert worker["metadata"]["name"] == "bar-worker-0"
+    assert launcher["spec"] == replicas["Launcher"]["template"]["spec"]
+    assert worker["spec"] == replicas["Worker"]["template"]["spec"]
+    assert worker["spec"]["hostIPC"] is True  # what a restricted namespace refuses
+    assert {p["metadata"]["namespace"] for p in (launcher, worker)} == {"ns1"}
 
 
 def _policy(job_spec: dict[str, Any], settings: BuildSettings = SETTINGS) -> dict[str, Any] | None:
