@@ -821,7 +821,14 @@ def transition_rules() -> list[dict[str, str]]:
 
 Phase = Literal["Pending", "Starting", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
 ConditionType = Literal[
-    "Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Schedulable"
+    "Created",
+    "Running",
+    "Restarting",
+    "Succeeded",
+    "Failed",
+    "Suspended",
+    "Schedulable",
+    "ContainersStarted",
 ]
 
 

@@ -20,6 +20,10 @@ class Reason(StrEnum):
     WORKERS_RUNNING = "WorkersRunning"  # every worker runs
     SCHEDULED = "Scheduled"  # Schedulable=True
     UNSCHEDULABLE = "Unschedulable"  # Schedulable=False: the scheduler cannot place a worker
+    # ContainersStarted=False: the kubelet cannot start a worker's container (an image it
+    # cannot pull, a root image under runAsNonRoot, a missing Secret)
+    CONTAINER_CANNOT_START = "ContainerCannotStart"
+    CONTAINERS_STARTED = "ContainersStarted"  # ContainersStarted=True again
     WORKER_FAILED = "WorkerFailed"  # a group restart, or Failed under restartPolicy Never
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"  # retryable, but no restarts left
     NON_RETRYABLE_EXIT_CODE = "NonRetryableExitCode"  # the program failed: restarting won't help

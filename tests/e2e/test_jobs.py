@@ -497,3 +497,28 @@ def test_a_hung_rank_of_the_users_own_script_restarts_at_the_deadline(
     assert "a rank or a collective hung" in failure["message"], failure
     assert Reason.PROGRESS_DEADLINE_EXCEEDED in jobs.events("own-script")
     assert took <= PROGRESS_DEADLINE + 30 + 10  # the last report is at most a heartbeat old
+
+
+def test_a_container_the_kubelet_cannot_start_is_said_on_the_job(
+    platform: Platform, jobs: Jobs
+) -> None:
+    """A worker image the node does not have (and may not pull): the pods stay Pending and
+    only their container status says why; the job says it, quoting the kubelet, and waits
+    in Starting."""
+    jobs.create(cpu_job(platform, "nopull", image="localhost/kube-ddp-e2e-absent:none"))
+
+    def stuck() -> dict[str, Any] | None:
+        found = [
+            c
+            for c in jobs.status("nopull").get("conditions", [])
+            if c["type"] == "ContainersStarted" and c["status"] == "False"
+        ]
+        return found[0] if found else None
+
+    said = wait_for(stuck, "ContainersStarted=False on the job", timeout=60)
+    assert said["reason"] == "ContainerCannotStart"
+    assert said["message"].startswith("nopull-worker-"), said
+    assert "ErrImageNeverPull" in said["message"] or "ImagePull" in said["message"], said
+    assert "localhost/kube-ddp-e2e-absent:none" in said["message"], said
+    assert jobs.status("nopull")["phase"] == "Starting"  # placed, never running
+    assert "ContainerCannotStart" in jobs.events("nopull")

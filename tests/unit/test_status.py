@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -89,6 +90,40 @@ def test_unschedulable_worker_is_reported_once() -> None:
     again = decide(job(first.status.model_dump(by_alias=True)), [pod(0, "Pending"), stuck], NOW)
     assert again.events == ()
     assert again.status == first.status
+
+
+ROOT_IMAGE = "container has runAsNonRoot and image will run as root (pod: bar-worker-1)"
+
+
+def test_a_container_the_kubelet_cannot_start_is_said_once_and_cleared() -> None:
+    """A worker whose container waits in CreateContainerConfigError (a root image under
+    runAsNonRoot): the pod stays Pending and only its container status says why."""
+    stuck_pod = {
+        "metadata": {"name": "bar-worker-1"},
+        "spec": {"nodeName": "n1"},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "state": {
+                        "waiting": {"reason": "CreateContainerConfigError", "message": ROOT_IMAGE}
+                    },
+                }
+            ],
+        },
+    }
+    stuck = dataclasses.replace(PodView.from_pod(stuck_pod), index=1, attempt=0, owner_uid=UID)
+    assert stuck.cannot_start == f"container trainer: CreateContainerConfigError: {ROOT_IMAGE}"
+    first = decide(job({"phase": "Pending"}), [pod(0), stuck], NOW)
+    started = next(c for c in first.status.conditions if c.type == "ContainersStarted")
+    assert (started.status, started.reason) == ("False", "ContainerCannotStart")
+    assert started.message == f"bar-worker-1: {stuck.cannot_start}"
+    assert ("Warning", "ContainerCannotStart") in [(e.type, e.reason) for e in first.events]
+    again = decide(job(first.status.model_dump(by_alias=True)), [pod(0), stuck], NOW)
+    assert again.events == ()
+    cleared = decide(job(again.status.model_dump(by_alias=True)), [pod(0), pod(1)], NOW)
+    assert condition(cleared, "ContainersStarted") == ("True", "ContainersStarted")
 
 
 @pytest.mark.parametrize(

@@ -69,6 +69,7 @@ def progress(
     nodes = job.spec.nodes
     ordered = sorted(workers.values(), key=lambda p: p.index)
     _schedulable(draft, ordered, nodes, gang.describe(job))
+    _containers_started(draft, ordered)
     if up is not None:
         draft.condition("Running", "True", reason, up)
         if condition_status(draft.status, "Restarting") == "True":
@@ -81,6 +82,22 @@ def progress(
     else:
         placed = sum(p.scheduled for p in ordered)
         draft.phase("Pending", Reason.WORKERS_PENDING, f"{placed}/{nodes} workers scheduled")
+
+
+def _containers_started(draft: Draft, workers: list[PodView]) -> None:
+    """ContainersStarted=False naming the first worker whose container the kubelet cannot
+    start, in the kubelet's words (it keeps retrying: a pull may come through, a Secret may be
+    made); True again once none is stuck."""
+    stuck = [p for p in workers if p.cannot_start]
+    was = condition_status(draft.status, "ContainersStarted")
+    if stuck:
+        message = f"{stuck[0].name}: {stuck[0].cannot_start}"
+        if was != "False":
+            draft.events.append(Event("Warning", Reason.CONTAINER_CANNOT_START, message))
+        draft.condition("ContainersStarted", "False", Reason.CONTAINER_CANNOT_START, message)
+    elif was == "False":
+        message = "No worker's container is waiting on the kubelet any more"
+        draft.condition("ContainersStarted", "True", Reason.CONTAINERS_STARTED, message)
 
 
 def _schedulable(draft: Draft, workers: list[PodView], nodes: int, group: str | None) -> None:

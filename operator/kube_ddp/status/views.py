@@ -27,6 +27,7 @@ class PodView:
     finished_at: str | None = None
     scheduled: bool = False
     unschedulable: str | None = None  # the scheduler's message when it cannot place the pod
+    cannot_start: str | None = None  # the kubelet's words when it cannot start a container
     owner_uid: str | None = None
     role: str | None = None  # launcher mpi: the MPI Operator's "launcher" or "worker"
     created_at: str | None = None
@@ -71,6 +72,7 @@ class PodView:
             scheduled=bool(pod.get("spec", {}).get("nodeName"))
             or scheduled.get("status") == "True",
             unschedulable=unschedulable,
+            cannot_start=_cannot_start(status),
             owner_uid=owners[0].get("uid") if owners else None,
             created_at=metadata.get("creationTimestamp"),
             node=pod.get("spec", {}).get("nodeName"),
@@ -150,3 +152,31 @@ def _terminated_state(status: Mapping[str, Any]) -> dict[str, Any]:
     chosen = next((c for c in containers if c.get("name") == names.TRAINER_CONTAINER), None)
     chosen = chosen or (containers[0] if containers else {})
     return dict(chosen.get("state", {}).get("terminated") or {})
+
+
+# The kubelet's waiting reasons for a container it cannot start and keeps retrying: the pod
+# stays Pending, and only its container status says why.
+STUCK_WAITING_REASONS = frozenset(
+    {
+        "CreateContainerConfigError",  # "image will run as root" under runAsNonRoot, a Secret
+        "CreateContainerError",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+    }
+)
+
+
+def _cannot_start(status: Mapping[str, Any]) -> str | None:
+    """`container <name>: <reason>: <message>` for the first container (init containers
+    first) the kubelet cannot start; None when none is stuck."""
+    for container in (
+        *status.get("initContainerStatuses", []),
+        *status.get("containerStatuses", []),
+    ):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING_REASONS:
+            said = f"container {container.get('name')}: {waiting['reason']}"
+            return f"{said}: {waiting['message']}" if waiting.get("message") else said
+    return None
