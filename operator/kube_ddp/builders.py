@@ -134,6 +134,13 @@ def flight_recorder_prefix(checkpoint_dir: str, attempt: int) -> str:
     return f"{checkpoint_dir.rstrip('/')}/{FLIGHT_RECORDER_DIR}/attempt-{attempt}-rank-"
 
 
+# Open MPI 4.1's orted shares its hwloc topology through shared memory mapped at a fixed
+# address; with Debian's 4.1.4 one orted start in ten segfaults there (hwloc_shmem_topology_write,
+# measured on the dev machine). Without it each rank reads the topology itself. mpirun passes
+# its OMPI_MCA_ variables on to every orted; Open MPI 5 has no such parameter and ignores it.
+OPEN_MPI_ENV = {"OMPI_MCA_rtc_hwloc_vmhole": "none"}
+
+
 def _launcher_defaults(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
     """Settings the launcher and torch.distributed need that the user may still override."""
     spec = job.spec
@@ -144,6 +151,8 @@ def _launcher_defaults(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
         defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if spec.effective_backend == "nccl":
         defaults |= NCCL_WATCHDOG_ENV
+    if spec.launcher == "mpi":
+        defaults |= OPEN_MPI_ENV
     checkpoint_dir = spec.trainer.checkpoint_dir if spec.trainer is not None else None
     if checkpoint_dir is not None and checkpoint_dir.startswith("/"):
         defaults[contract.FLIGHT_RECORDER_FILE] = flight_recorder_prefix(checkpoint_dir, attempt)

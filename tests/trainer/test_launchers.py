@@ -29,7 +29,8 @@ TARGET = {
     "timeoutSeconds": 60,
 }
 # Skips anything rsh/ssh is given and runs the command here: each host-file line is then its
-# own "node" without an sshd (the MPI Operator's workers run a real one; the e2e tier uses it).
+# own "node" without an sshd (the MPI Operator's workers run a real one; the e2e tier uses it),
+# with its own TMPDIR, as a node has: two orteds sharing one session directory race to make it.
 FAKE_SSH = """#!/bin/sh
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -38,6 +39,7 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
+TMPDIR="${TMPDIR:-/tmp}/node-$1"; export TMPDIR; mkdir -p "$TMPDIR"
 shift  # the host
 exec /bin/sh -c "$*"
 """
@@ -78,6 +80,7 @@ def test_mpirun_runs_the_rendered_launcher_command_across_two_hosts(
         OMPI_MCA_orte_default_hostfile=str(hostfile),
         OMPI_MCA_orte_keep_fqdn_hostnames="true",
         OMPI_MCA_plm_rsh_agent=str(agent),
+        TMPDIR=str(tmp_path),
         **{e["name"]: e["value"] for e in launcher["env"] if "value" in e},
     )
     run = support.run(launcher["command"], env=env).check()

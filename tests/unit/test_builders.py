@@ -11,6 +11,7 @@ import pytest
 from ddp_trainer import contract
 from kube_ddp import names
 from kube_ddp.builders import (
+    OPEN_MPI_ENV,
     RESTRICTED_CONTAINER_CONTEXT,
     RESTRICTED_POD_CONTEXT,
     BuildSettings,
@@ -573,6 +574,15 @@ def test_mpijob_exports_the_contract_and_user_env() -> None:
     assert {"PATH", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"} <= set(exported)
 
 
+def test_mpi_launchers_orteds_skip_the_topology_shmem_unless_the_user_says() -> None:
+    launcher = mpijob(GAUDI_2X8)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    assert env_of(launcher["containers"][0]).items() >= OPEN_MPI_ENV.items()
+    mine = {"name": "OMPI_MCA_rtc_hwloc_vmhole", "value": "biggest"}
+    spec = mpijob({**GAUDI_2X8, "env": [mine]})["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]
+    assert [e for e in spec["spec"]["containers"][0]["env"] if e["name"] == mine["name"]] == [mine]
+    assert "OMPI_MCA_rtc_hwloc_vmhole" not in env_of(container_of(worker(GPU_2X8)))
+
+
 def test_mpi_pods_cannot_be_taken_for_torchrun_workers() -> None:
     """The MPI Operator's pods carry the job's name (so the operator watches them) but not
     `managed-by` nor our replica index: the index of our own workers never sees them."""
@@ -692,7 +702,8 @@ def test_reserved_env_is_exactly_what_the_builders_set() -> None:
         for child in build_children(job):
             for container in _containers(child):
                 injected |= {e["name"] for e in container["env"]}
-    injected -= {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", *NCCL_WATCHDOG}  # defaults, overridable
+    # defaults, overridable
+    injected -= {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", *NCCL_WATCHDOG, *OPEN_MPI_ENV}
     assert injected == set(names.RESERVED_ENV)
 
 
