@@ -32,6 +32,9 @@ EXIT_FAILED: Final = 1  # the data, model or checkpoint is wrong
 EXIT_USAGE: Final = 2  # invalid options
 EXIT_TEMPORARY: Final = 75  # a download failed: a later attempt may succeed
 EXIT_STORAGE: Final = 78  # a path cannot be used (permissions, full disk): fix the job (EX_CONFIG)
+# Saved a checkpoint on SIGTERM (a suspend, an eviction, a drain, the operator's own group
+# restart) and stopped: the operator resumes the group and does not count it as a failure.
+EXIT_PREEMPTED: Final = 86
 
 # --- the env contract: every worker container gets these ------------------------------------
 MASTER_ADDR: Final = "MASTER_ADDR"
