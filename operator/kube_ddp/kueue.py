@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from kube_ddp import names
+from kube_ddp import gang, names
 from kube_ddp.api import DDPTrainingJob, Obj
+from kube_ddp.builders import BuildSettings, build_mpijob, build_worker_pod
 from kube_ddp.reasons import Reason
 
 GROUP: Final = "kueue.x-k8s.io"
@@ -32,16 +33,10 @@ PRIORITY_CLASS_LABEL: Final = f"{GROUP}/priority-class"
 JOB_UID_LABEL: Final = f"{GROUP}/job-uid"
 # The value of Kueue's `integrations.externalFrameworks` that names our kind.
 EXTERNAL_FRAMEWORK: Final = f"{names.KIND}.{names.VERSION}.{names.GROUP}"
+# The pod sets, named as Kueue's own MPIJob integration names them (lower-cased replica types).
 POD_SET: Final = "worker"
+LAUNCHER_POD_SET: Final = "launcher"
 TEMPLATE_ANNOTATION: Final = f"{names.GROUP}/template-before-admission"
-# launcher mpi: with DDPTrainingJob an external framework, Kueue's own MPIJob integration sees
-# our MPIJob as a child (FindAncestorJobManagedByKueue) and only holds it suspended until the
-# job's Workload is admitted. It needs a Workload with the launcher's and the workers' pod sets
-# and the admitted flavors in both MPIJob templates (builders.build_mpijob): not done yet.
-MPI_NOT_QUEUED = (
-    f"the label {QUEUE_LABEL} is not supported with launcher mpi yet: remove the label, or use "
-    "launcher torchrun"
-)
 # kopf looks up the kinds it watches once, when it starts (as for MPIJobs).
 NOT_SERVED = (
     f"the label {QUEUE_LABEL} needs Kueue, whose Workloads ({API_VERSION}) this cluster did "
@@ -53,11 +48,6 @@ REQUEUED_AFTER: Final = frozenset({"Preempted", "NodeFailures"})
 
 def queue_name(job: DDPTrainingJob) -> str | None:
     return job.metadata.labels.get(QUEUE_LABEL) or None
-
-
-def refusal(job: DDPTrainingJob) -> str | None:
-    """Why a queued job cannot be held to the contract, or None."""
-    return MPI_NOT_QUEUED if job.spec.launcher == "mpi" else None
 
 
 def priority_class(job: DDPTrainingJob) -> Obj | None:
@@ -89,35 +79,52 @@ def workload_name(job: DDPTrainingJob) -> str:
     return f"{names.KIND.lower()}-{job.name}-{digest}"
 
 
+def pod_set(name: str, count: int, pod: Mapping[str, Any]) -> Obj:
+    """One pod set of `count` pods shaped like `pod` (a pod, or a pod template)."""
+    pod_spec = {
+        key: value
+        for key, value in pod["spec"].items()
+        if key not in ("hostname", "subdomain")  # per pod, not per pod set
+    }
+    return {
+        "name": name,
+        "count": count,
+        "template": {
+            "metadata": {"labels": dict(pod["metadata"].get("labels", {}))},
+            "spec": pod_spec,
+        },
+    }
+
+
+def pods_of(job: DDPTrainingJob, settings: BuildSettings) -> dict[str, Obj]:
+    """The pods of each pod set, by its name: the worker pod; with launcher mpi the MPIJob's
+    launcher and worker templates (Kueue counts the requests of these)."""
+    if job.spec.launcher == "mpi":
+        replicas = build_mpijob(job, 0, settings)["spec"]["mpiReplicaSpecs"]
+        templates = {LAUNCHER_POD_SET: "Launcher", POD_SET: "Worker"}
+        return {name: replicas[replica]["template"] for name, replica in templates.items()}
+    return {POD_SET: gang.join(job, build_worker_pod(job, 0, 0, settings))}
+
+
+def pod_sets(job: DDPTrainingJob, pods: Mapping[str, Mapping[str, Any]]) -> list[Obj]:
+    """The Workload's pod sets: `pods` maps a pod set's name (`POD_SET`, and with launcher
+    mpi `LAUNCHER_POD_SET`) to its pods' shape; the launcher is one pod, the workers `nodes`."""
+    counts = {LAUNCHER_POD_SET: 1, POD_SET: job.spec.nodes}
+    return [pod_set(name, counts[name], pods[name]) for name in counts if name in pods]
+
+
 def build_workload(
     job: DDPTrainingJob,
-    worker_pod: Mapping[str, Any],
+    pods: Mapping[str, Mapping[str, Any]],
     labels: Mapping[str, str],
     priority: int | None,
 ) -> Obj:
-    """The job's Workload: one pod set of `nodes` pods shaped like `worker_pod`.
+    """The job's Workload: its `pod_sets`.
 
     `priority` is the value of the class `priority_class` names (the caller reads it)."""
-    pod_spec = {
-        key: value
-        for key, value in worker_pod["spec"].items()
-        if key not in ("hostname", "subdomain")  # per pod, not per pod set
-    }
     template = job.spec.template
     before = {"nodeSelector": template.node_selector, "tolerations": template.tolerations}
-    spec: Obj = {
-        "queueName": queue_name(job),
-        "podSets": [
-            {
-                "name": POD_SET,
-                "count": job.spec.nodes,
-                "template": {
-                    "metadata": {"labels": dict(worker_pod["metadata"].get("labels", {}))},
-                    "spec": pod_spec,
-                },
-            }
-        ],
-    }
+    spec: Obj = {"queueName": queue_name(job), "podSets": pod_sets(job, pods)}
     ref = priority_class(job)
     if ref is not None:
         spec["priorityClassRef"] = ref
@@ -165,31 +172,37 @@ def _admission(workload: Mapping[str, Any] | None) -> Obj:
     return dict(((workload or {}).get("status") or {}).get("admission") or {})
 
 
-def assigned_flavors(workload: Mapping[str, Any] | None) -> list[str]:
-    """The ResourceFlavors Kueue assigned to the worker pod set (every resource's)."""
+def assigned_flavors(workload: Mapping[str, Any] | None, name: str = POD_SET) -> list[str]:
+    """The ResourceFlavors Kueue assigned to the pod set `name` (every resource's)."""
     for assignment in _admission(workload).get("podSetAssignments") or []:
-        if assignment.get("name") == POD_SET:
+        if assignment.get("name") == name:
             return sorted(set((assignment.get("flavors") or {}).values()))
     return []
 
 
+def all_assigned_flavors(workload: Mapping[str, Any] | None) -> list[str]:
+    """The ResourceFlavors Kueue assigned to any pod set: those the caller reads."""
+    assignments = _admission(workload).get("podSetAssignments") or []
+    return sorted({f for a in assignments for f in (a.get("flavors") or {}).values()})
+
+
 def admitted_template(
-    workload: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]]
+    workload: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]], name: str = POD_SET
 ) -> dict[str, Any]:
-    """The template's nodeSelector and tolerations under this admission: the user's own (as
-    kept on the Workload), the flavors' node labels and tolerations, then the admission
+    """The pod set `name`'s nodeSelector and tolerations under this admission: the user's own
+    (as kept on the Workload), the flavors' node labels and tolerations, then the admission
     checks' pod set updates (Kueue's podset.FromAssignment and Merge)."""
     kept = ((workload.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_ANNOTATION)
     before = json.loads(kept) if kept else {}
     node_selector: dict[str, str] = dict(before.get("nodeSelector") or {})
     tolerations: list[Any] = list(before.get("tolerations") or [])
-    for name in assigned_flavors(workload):
-        flavor_spec = flavors[name].get("spec") or {}
+    for flavor in assigned_flavors(workload, name):
+        flavor_spec = flavors[flavor].get("spec") or {}
         node_selector.update(flavor_spec.get("nodeLabels") or {})
         tolerations += [t for t in flavor_spec.get("tolerations") or [] if t not in tolerations]
     for check in ((workload.get("status") or {}).get("admissionChecks")) or []:
         for update in check.get("podSetUpdates") or []:
-            if update.get("name") == POD_SET:
+            if update.get("name") == name:
                 node_selector.update(update.get("nodeSelector") or {})
                 tolerations += [t for t in update.get("tolerations") or [] if t not in tolerations]
     return {"nodeSelector": node_selector, "tolerations": tolerations}
@@ -201,6 +214,21 @@ def _template_patch(job: DDPTrainingJob, wanted: Mapping[str, Any]) -> Obj:
     selector: dict[str, Any] = {k: None for k in current if k not in wanted["nodeSelector"]}
     selector.update(wanted["nodeSelector"])
     return {"nodeSelector": selector or None, "tolerations": wanted["tolerations"] or None}
+
+
+def _admission_patch(
+    job: DDPTrainingJob, workload: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]]
+) -> Obj:
+    """The job under this admission, unsuspended: the workers' placement in spec.template;
+    with launcher mpi the launcher's in an annotation (`builders.build_mpijob` reads it), as
+    the two pod sets may be given different flavors."""
+    template = _template_patch(job, admitted_template(workload, flavors))
+    patch: Obj = {"spec": {"runPolicy": {"suspend": False}, "template": template}}
+    if job.spec.launcher == "mpi":
+        launcher = admitted_template(workload, flavors, LAUNCHER_POD_SET)
+        placement = json.dumps(launcher, sort_keys=True)
+        patch["metadata"] = {"annotations": {names.LAUNCHER_PLACEMENT_ANNOTATION: placement}}
+    return patch
 
 
 # --- the contract -------------------------------------------------------------------------
@@ -260,8 +288,6 @@ def plan(
     queue = queue_name(job)
     if queue is None:
         return Step()
-    if (refused := refusal(job)) is not None:
-        return Step(refused=refused)
     suspended = job.spec.run_policy.suspend
     phase = job.status.phase if job.status is not None else None
     if phase in ("Succeeded", "Failed"):
@@ -302,9 +328,7 @@ def plan(
             started = _condition("PodsReady", "True", "Started", "All workers are running", now)
             status = {"conditions": _with_conditions(workload, [started])}
             return Step(workload_status=_status_patch(workload, status))
-        wanted = admitted_template(workload, flavors)
-        template = _template_patch(job, wanted)
-        return Step(job_patch={"spec": {"runPolicy": {"suspend": False}, "template": template}})
+        return Step(job_patch=_admission_patch(job, workload, flavors))
     reserved = conditions(workload).get("QuotaReserved") or {}
     waiting = reserved.get("message") or "waiting for Kueue to admit its Workload"
     cluster_queue = _admission(workload).get("clusterQueue")
