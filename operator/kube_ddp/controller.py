@@ -303,8 +303,8 @@ class Controller:
             priority = None
             if (ref := kueue.priority_class(job)) is not None:
                 priority = (await self.kube.get(kueue.priority_class_path(ref)) or {}).get("value")
-            pods = kueue.pods_of(job, self.build_settings)
-            created = kueue.build_workload(job, pods, job_labels(job), priority)
+            shapes = kueue.pods_of(job, self.build_settings)
+            created = kueue.build_workload(job, shapes, job_labels(job), priority)
             kopf.adopt(created, owner=kopf.Body(cast(kopf.RawBody, body)))
             try:
                 await self.kube.create(created)

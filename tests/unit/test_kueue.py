@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from kube_ddp import kueue
+from kube_ddp import kueue, names
 from kube_ddp.api import DDPTrainingJob, JobStatus, load_job
-from kube_ddp import names
 from kube_ddp.builders import BuildSettings, build_children, job_labels
 from kube_ddp.controller import Controller
 from kube_ddp.kube import workload_path
