@@ -29,9 +29,10 @@ GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}  # the w
 
 
 @pytest.fixture(scope="module")
-def kueue_running(cluster: Cluster) -> Iterator[None]:
+def kueue_running(cluster: Cluster, mpi_operator: None) -> Iterator[None]:
     """Kueue and the example's cluster-scoped queues, all removed afterwards. Module scope:
-    the operator fixture (per test) starts after Kueue's CRDs exist, as kopf needs."""
+    the operator fixture (per test) starts after Kueue's CRDs exist, as kopf needs. The MPI
+    Operator first: Kueue's MPIJob integration starts at once where the kind is served."""
     dev_cluster = load_dev_cluster()
     if os.geteuid() != 0 and not IN_CI:  # in CI, running() fails loudly instead
         pytest.skip("Kueue out of cluster needs root (a private mount namespace for its certs)")
@@ -197,7 +198,7 @@ def wait_mpi_running(jobs: Jobs, name: str) -> tuple[Any, list[Any]]:
 
 
 def test_mpi_job_waits_for_the_quota_then_runs_on_each_pod_sets_flavor(
-    mpi_operator: None, queued: str, jobs: Jobs, operator: OperatorProcess
+    queued: str, jobs: Jobs, operator: OperatorProcess
 ) -> None:
     jobs.create(queued_job("mpi-first", queued, **MPI_2X8))
     launcher, workers = wait_mpi_running(jobs, "mpi-first")
@@ -210,8 +211,8 @@ def test_mpi_job_waits_for_the_quota_then_runs_on_each_pod_sets_flavor(
     for pod in workers:
         assert pod.spec.node_selector == {"kubeddp.io/accelerator": "nvidia"}
     assert not (launcher.spec.node_selector or {})
-    # Kueue's MPIJob integration, where enabled, sees this MPIJob as a child of a job it
-    # knows: the job's Workload is the only one.
+    # Kueue's MPIJob integration (enabled: hack/devcluster/kueue.py) takes this MPIJob for a
+    # child of a job it knows: the job's Workload is the only one.
     listed = jobs.cluster.custom_objects.list_namespaced_custom_object(
         kueue.GROUP, kueue.VERSION, jobs.namespace, kueue.WORKLOADS
     )
@@ -250,7 +251,7 @@ def end_mpi_job(jobs: Jobs, name: str, launcher: Any) -> None:
 
 
 def test_a_preempted_mpi_job_is_suspended_and_resumes_without_a_restart(
-    mpi_operator: None, queued: str, jobs: Jobs, operator: OperatorProcess
+    queued: str, jobs: Jobs, operator: OperatorProcess
 ) -> None:
     jobs.create(queued_job("mpi-low", queued, priority="research", **MPI_2X8))
     _, before = wait_mpi_running(jobs, "mpi-low")
