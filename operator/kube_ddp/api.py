@@ -690,8 +690,7 @@ class DDPTrainingJobSpec(Model):
     mpi: MPIOptions | None = Field(None, description="Process mapping of the mpi launcher.")
     scheduling: SchedulingPolicy | None = Field(
         None,
-        description="Gang (all-or-nothing) scheduling and topology-aware placement of the "
-        "workers.",
+        description="Gang (all-or-nothing) scheduling and topology-aware placement of the workers.",
     )
     network_policy: NetworkPolicySettings | None = Field(
         None,

@@ -15,16 +15,22 @@ import pytest
 from kube_ddp import kueue
 from tests.cluster.operator_support import Jobs, OperatorProcess
 from tests.cluster.support import Cluster, wait_for
-from tests.cluster.test_kueue import kueue_running  # noqa: F401 (a fixture here too)
-from tests.cluster.test_kueue import queued_job, wait_suspended, workload_of
+from tests.cluster.test_kueue import (
+    kueue_running,  # noqa: F401 (a fixture here too)
+    queued_job,
+    wait_suspended,
+    workload_of,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGY = REPO / "manifests" / "examples" / "kueue" / "topology.yaml"
 LOCAL_QUEUE = "racked-queue"
 BLOCK, RACK = "topology.kubeddp.io/block", "topology.kubeddp.io/rack"
 RACKS = {"a1": "a", "a2": "a", "b1": "b"}
-NODES = {"rack-a1-0": "a1", "rack-a1-1": "a1", "rack-a2-0": "a2", "rack-a2-1": "a2"} | {
-    "rack-b1-0": "b1"
+NODES = {
+    f"rack-{rack}-{i}": rack
+    for rack, size in (("a1", 2), ("a2", 2), ("b1", 1))
+    for i in range(size)
 }
 
 
@@ -49,8 +55,9 @@ def racked_node(name: str, rack: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def racked(kueue_running: None, cluster: Cluster) -> Iterator[None]:
-    """The racked nodes and the example's cluster-scoped objects, removed afterwards."""
+def racked(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[None]:
+    """Kueue, the racked nodes and the example's cluster-scoped objects, removed afterwards."""
+    request.getfixturevalue("kueue_running")
     for name, rack in NODES.items():
         cluster.core.create_node(racked_node(name, rack))
     try:
@@ -65,6 +72,14 @@ def racked(kueue_running: None, cluster: Cluster) -> Iterator[None]:
 
 @pytest.fixture
 def queue(racked: None, cluster: Cluster, namespace: str) -> str:
+    """The example's LocalQueue in the test's namespace, once the racked nodes are empty: an
+    earlier test's pods, still going, would leave Kueue less room than the test counts on."""
+
+    def empty() -> bool:
+        pods = cluster.core.list_pod_for_all_namespaces(label_selector=kueue.POD_SET_LABEL)
+        return not any(p.spec.node_name in NODES for p in pods.items)
+
+    wait_for(empty, "no pod on the racked nodes", timeout=60)
     cluster.kubectl("apply", f"--filename={TOPOLOGY}", f"--namespace={namespace}")
     return LOCAL_QUEUE
 
@@ -108,7 +123,7 @@ def test_a_job_that_fits_no_rack_waits_saying_why(
     jobs.create(topology_job("too-wide", queue, 3, "Required"))  # no rack has 3 nodes
     waiting = wait_suspended(jobs, "too-wide", "Queued")
     assert waiting["message"].startswith(f"Queued in LocalQueue {queue}: ")
-    assert "topology \"racks\" allows to fit only 2 out of 3 pod(s)" in waiting["message"]
+    assert 'topology "racks" allows to fit only 2 out of 3 pod(s)' in waiting["message"]
     assert jobs.pods("too-wide") == []
     assert jobs.get("too-wide")["spec"]["runPolicy"]["suspend"] is True
 

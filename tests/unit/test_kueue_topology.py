@@ -15,8 +15,15 @@ from kube_ddp.kube import workload_path
 from tests.unit.fake_api import FakeApi
 from tests.unit.test_cli import BAR, render
 from tests.unit.test_controller import KEY, job_body, run, start, written_statuses
-from tests.unit.test_kueue import ADMISSION, ADMITTED, NVIDIA_FLAVOR, queued_body, queued_job
-from tests.unit.test_kueue import with_status, workload_for
+from tests.unit.test_kueue import (
+    ADMISSION,
+    ADMITTED,
+    NVIDIA_FLAVOR,
+    queued_body,
+    queued_job,
+    with_status,
+    workload_for,
+)
 
 RACK = "topology.kubeddp.io/rack"
 GPUS = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
@@ -34,7 +41,9 @@ def with_topology(mode: str | None = None) -> dict[str, Any]:
         ("Preferred", "preferred", "kueue.x-k8s.io/podset-preferred-topology"),
     ],
 )
-def test_the_pod_set_asks_kueue_for_the_level(mode: str | None, field: str, annotation: str) -> None:
+def test_the_pod_set_asks_kueue_for_the_level(
+    mode: str | None, field: str, annotation: str
+) -> None:
     (pod_set,) = workload_for(queued_job(with_topology(mode)))["spec"]["podSets"]
     assert pod_set["topologyRequest"] == {field: RACK, "podIndexLabel": names.LABEL_REPLICA_INDEX}
     assert pod_set["template"]["metadata"]["annotations"] == {annotation: RACK}
@@ -105,6 +114,8 @@ def test_render_refuses_a_topology_without_a_queue(
     code, objects, err = render(capsys, write_job(unqueued))
     assert (code, objects) == (2, [])
     assert f"spec.scheduling.topology needs the label {kueue.QUEUE_LABEL}" in err
-    queued = unqueued.replace("  name: bar\n", "  name: bar\n  labels: {kueue.x-k8s.io/queue-name: lq}\n")
+    queued = unqueued.replace(
+        "  name: bar\n", "  name: bar\n  labels: {kueue.x-k8s.io/queue-name: lq}\n"
+    )
     code, objects, _ = render(capsys, write_job(queued))
     assert code == 0 and any(o["kind"] == "Pod" and o["spec"]["schedulingGates"] for o in objects)
