@@ -11,17 +11,13 @@ import pytest
 from kube_ddp import kueue, names
 from kube_ddp.builders import build_children
 from kube_ddp.controller import Controller
-from kube_ddp.kube import workload_path
 from tests.unit.fake_api import FakeApi
 from tests.unit.test_cli import BAR, render
 from tests.unit.test_controller import KEY, job_body, run, start, written_statuses
 from tests.unit.test_kueue import (
-    ADMISSION,
-    ADMITTED,
-    NVIDIA_FLAVOR,
     queued_body,
     queued_job,
-    with_status,
+    reconcile_admitted,
     workload_for,
 )
 
@@ -76,18 +72,7 @@ def test_workers_without_topology_are_not_gated() -> None:
 
 
 def test_an_admitted_job_creates_gated_workers_with_the_flavors_selectors() -> None:
-    body = queued_body(**with_topology(), runPolicy={"suspend": True})
-    job = queued_job(with_topology())
-    workload = with_status(workload_for(job), admission=ADMISSION, conditions=ADMITTED)
-    fake = FakeApi()
-    fake.objects[workload_path("ns1", kueue.workload_name(job))] = workload
-    fake.objects[kueue.flavor_path("nvidia")] = NVIDIA_FLAVOR
-
-    async def scenario(fake: FakeApi, controller: Controller) -> None:
-        start(fake, controller, body)
-        await controller.reconcile(KEY)
-
-    run(scenario, fake)
+    fake = reconcile_admitted(queued_body(**with_topology(), runPolicy={"suspend": True}))
     pods = [c.body for c in fake.made("POST", "/pods")]
     assert len(pods) == 2
     for pod in pods:
