@@ -51,6 +51,9 @@ TOPOLOGY_ANNOTATIONS: Final = {
     "Required": f"{GROUP}/podset-required-topology",
     "Preferred": f"{GROUP}/podset-preferred-topology",
 }
+# Kueue's mark of a pod set it placed by topology though it asked for none (a flavor with a
+# topologyName: implicit TAS); podset.FromAssignment puts it on the job's template.
+UNCONSTRAINED_ANNOTATION: Final = f"{GROUP}/podset-unconstrained-topology"
 TOPOLOGY_GATE: Final = f"{GROUP}/topology"
 WORKLOAD_ANNOTATION: Final = f"{GROUP}/workload"
 POD_SET_LABEL: Final = f"{GROUP}/podset"
@@ -125,9 +128,10 @@ def with_topology(job: DDPTrainingJob, pod_set: Obj, pod_index_label: str | None
 def placed_by_topology(job: DDPTrainingJob, pod_set: str, pod: Obj) -> Obj:
     """`pod` (a pod, or a pod template) of the Workload's pod set `pod_set` as Kueue's topology
     ungater finds it: held by the gate until Kueue writes its domain's node labels into its
-    nodeSelector. Unchanged without `scheduling.topology`; every attempt's pods are placed
-    anew, in the domains of the admission in force."""
-    if job.spec.topology is None:
+    nodeSelector. Unchanged unless the job asks for a topology or its admission placed it by
+    topology all the same; every attempt's pods are placed anew, in the domains of the
+    admission in force."""
+    if job.spec.topology is None and UNCONSTRAINED_ANNOTATION not in job.spec.template.annotations:
         return pod
     annotations = {**_topology_annotation(job), WORKLOAD_ANNOTATION: workload_name(job)}
     placed = _with_metadata(pod, {POD_SET_LABEL: pod_set}, annotations)
@@ -255,6 +259,21 @@ def assigned_flavors(workload: Mapping[str, Any] | None) -> list[str]:
     return []
 
 
+def _worker_assignment(workload: Mapping[str, Any] | None) -> Obj:
+    for assignment in _admission(workload).get("podSetAssignments") or []:
+        if assignment.get("name") == POD_SET:
+            return dict(assignment)
+    return {}
+
+
+def implicit_topology(workload: Mapping[str, Any]) -> bool:
+    """Whether Kueue placed the worker pod set by topology though it asked for none (its
+    flavor names a Topology): its pods are then gated like any TAS pod's."""
+    pod_sets = (workload.get("spec") or {}).get("podSets") or []
+    asked = any(p.get("name") == POD_SET and p.get("topologyRequest") for p in pod_sets)
+    return not asked and bool(_worker_assignment(workload).get("topologyAssignment"))
+
+
 def admitted_template(
     workload: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, Any]:
@@ -265,6 +284,9 @@ def admitted_template(
     before = json.loads(kept) if kept else {}
     node_selector: dict[str, str] = dict(before.get("nodeSelector") or {})
     tolerations: list[Any] = list(before.get("tolerations") or [])
+    wanted: dict[str, Any] = {"nodeSelector": node_selector, "tolerations": tolerations}
+    if implicit_topology(workload):
+        wanted["annotations"] = {UNCONSTRAINED_ANNOTATION: "true"}
     for name in assigned_flavors(workload):
         flavor_spec = flavors[name].get("spec") or {}
         node_selector.update(flavor_spec.get("nodeLabels") or {})
@@ -274,7 +296,7 @@ def admitted_template(
             if update.get("name") == POD_SET:
                 node_selector.update(update.get("nodeSelector") or {})
                 tolerations += [t for t in update.get("tolerations") or [] if t not in tolerations]
-    return {"nodeSelector": node_selector, "tolerations": tolerations}
+    return wanted
 
 
 def _template_patch(job: DDPTrainingJob, wanted: Mapping[str, Any]) -> Obj:
@@ -282,7 +304,11 @@ def _template_patch(job: DDPTrainingJob, wanted: Mapping[str, Any]) -> Obj:
     current = job.spec.template.node_selector
     selector: dict[str, Any] = {k: None for k in current if k not in wanted["nodeSelector"]}
     selector.update(wanted["nodeSelector"])
-    return {"nodeSelector": selector or None, "tolerations": wanted["tolerations"] or None}
+    patch = {"nodeSelector": selector or None, "tolerations": wanted["tolerations"] or None}
+    marked = UNCONSTRAINED_ANNOTATION in job.spec.template.annotations
+    if marked != (UNCONSTRAINED_ANNOTATION in (wanted.get("annotations") or {})):
+        patch["annotations"] = {UNCONSTRAINED_ANNOTATION: None if marked else "true"}
+    return patch
 
 
 # --- the contract -------------------------------------------------------------------------

@@ -137,3 +137,15 @@ def test_preferred_takes_one_block_when_no_rack_fits(
     assert len(set(racks)) == 2
     jobs.wait_phase("spread", "Running")
     wait_for(lambda: kueue.is_admitted(workload_of(jobs, "spread")), "spread admitted", 5)
+
+
+def test_a_job_without_a_topology_is_still_placed_by_kueue(
+    queue: str, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """The flavor names a Topology, so Kueue assigns nodes to a job that asked for none (its
+    implicit TAS): the workers wait at the gate for them like any other TAS pods."""
+    jobs.create(queued_job("unasked", queue))
+    assert len(racks_of(jobs, "unasked", 2)) == 2
+    annotations = jobs.get("unasked")["spec"]["template"]["annotations"]
+    assert annotations == {kueue.UNCONSTRAINED_ANNOTATION: "true"}
+    jobs.wait_phase("unasked", "Running")

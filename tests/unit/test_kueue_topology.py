@@ -15,9 +15,14 @@ from tests.unit.fake_api import FakeApi
 from tests.unit.test_cli import BAR, render
 from tests.unit.test_controller import KEY, job_body, run, start, written_statuses
 from tests.unit.test_kueue import (
+    ADMISSION,
+    ADMITTED,
+    NOW,
+    NVIDIA_FLAVOR,
     queued_body,
     queued_job,
     reconcile_admitted,
+    with_status,
     workload_for,
 )
 
@@ -104,3 +109,43 @@ def test_render_refuses_a_topology_without_a_queue(
     )
     code, objects, _ = render(capsys, write_job(queued))
     assert code == 0 and any(o["kind"] == "Pod" and o["spec"]["schedulingGates"] for o in objects)
+
+
+TAS_ADMISSION = {
+    "clusterQueue": "cq",
+    "podSetAssignments": [
+        {
+            "name": "worker",
+            "count": 2,
+            "flavors": {"nvidia.com/gpu": "racked"},
+            "topologyAssignment": {"levels": ["kubernetes.io/hostname"], "slices": []},
+        }
+    ],
+}
+
+
+def test_a_job_kueue_placed_by_topology_unasked_is_marked_and_gated() -> None:
+    """Kueue's implicit TAS: a flavor with a topologyName places a pod set that asked for none;
+    the admission marks the template as Kueue marks its own jobs', and the workers are gated."""
+    job = queued_job({**GPUS, "runPolicy": {"suspend": True}})
+    admitted = with_status(workload_for(job), admission=TAS_ADMISSION, conditions=ADMITTED)
+    step = kueue.plan(job, admitted, {"racked": {"spec": {}}}, False, NOW)
+    template = step.job_patch["spec"]["template"]
+    assert template["annotations"] == {kueue.UNCONSTRAINED_ANNOTATION: "true"}
+    marked = queued_job({**GPUS, "template": {"annotations": template["annotations"]}})
+    pods = [o for o in build_children(marked) if o["kind"] == "Pod"]
+    assert all(p["spec"]["schedulingGates"] == [{"name": kueue.TOPOLOGY_GATE}] for p in pods)
+    # Readmitted to a flavor without a topology: the mark goes.
+    suspended = queued_job({**GPUS, "runPolicy": {"suspend": True}, "template": template})
+    again = with_status(workload_for(suspended), admission=ADMISSION, conditions=ADMITTED)
+    step = kueue.plan(suspended, again, {"nvidia": NVIDIA_FLAVOR}, False, NOW)
+    assert step.job_patch["spec"]["template"]["annotations"] == {
+        kueue.UNCONSTRAINED_ANNOTATION: None
+    }
+
+
+def test_a_job_that_asked_for_a_topology_is_not_marked_unconstrained() -> None:
+    job = queued_job({**with_topology(), "runPolicy": {"suspend": True}})
+    admitted = with_status(workload_for(job), admission=TAS_ADMISSION, conditions=ADMITTED)
+    step = kueue.plan(job, admitted, {"racked": {"spec": {}}}, False, NOW)
+    assert "annotations" not in step.job_patch["spec"]["template"]
