@@ -153,6 +153,14 @@ REJECTIONS = [
         rule=True,
     ),
     Rejection(
+        "topology with mpi",
+        {"nodes": 2, "launcher": "mpi", "scheduling": {"topology": {"level": "rack"}}},
+        "spec: scheduling.topology is not supported with launcher mpi: Kueue's Topology Aware "
+        "Scheduling assigns no flavor to the MPI launcher's pod set, which requests nothing; use "
+        "launcher torchrun or remove scheduling.topology",
+        rule=True,
+    ),
+    Rejection(
         "gang timeout for another scheduler",
         {"nodes": 2, "scheduling": {"gang": {"scheduleTimeoutSeconds": 60}}},
         "spec.scheduling.gang: scheduleTimeoutSeconds is read only by scheduler coscheduling",
@@ -171,6 +179,18 @@ REJECTIONS = [
         "spec.networkPolicy: ingress widens the job's NetworkPolicy, which enabled: false "
         "turns off: remove one of them",
         rule=True,
+    ),
+    Rejection(
+        "topology level not a label key",
+        {"nodes": 2, "scheduling": {"topology": {"level": "rack name"}}},
+        "spec.scheduling.topology.level: String should match pattern",
+        "spec.scheduling.topology.level: Invalid value",
+    ),
+    Rejection(
+        "unknown topology mode",
+        {"nodes": 2, "scheduling": {"topology": {"level": "rack", "mode": "Strict"}}},
+        "spec.scheduling.topology.mode: Input should be 'Required' or 'Preferred' (got 'Strict')",
+        'Unsupported value: "Strict"',
     ),
     Rejection(
         "unknown gang scheduler",

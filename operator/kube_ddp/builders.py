@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from ddp_trainer import contract
 from ddp_trainer.options import TrainerOptions, to_argv
-from kube_ddp import gang, names
+from kube_ddp import gang, kueue, names
 from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, MPIOptions, Obj
 
 SHM_VOLUME = "dshm"
@@ -775,6 +775,17 @@ def mpijob_placement(mpijob: Obj) -> list[Obj]:
     ]
 
 
+def kueue_pods(job: DDPTrainingJob, settings: BuildSettings) -> dict[str, Obj]:
+    """The pods of each of the job's Kueue pod sets, by the pod set's name: the worker pod;
+    with launcher mpi the MPIJob's launcher and worker templates (Kueue counts their
+    requests; `kueue.build_workload` makes the pod sets)."""
+    if job.spec.launcher == "mpi":
+        replicas = build_mpijob(job, 0, settings)["spec"]["mpiReplicaSpecs"]
+        templates = {kueue.LAUNCHER_POD_SET: "Launcher", kueue.POD_SET: "Worker"}
+        return {name: replicas[replica]["template"] for name, replica in templates.items()}
+    return {kueue.POD_SET: gang.join(job, build_worker_pod(job, 0, 0, settings))}
+
+
 def mpi_admission_probes(mpijob: Obj) -> list[Obj]:
     """A pod of each of the MPIJob's replicas (the launcher, the first worker), as the MPI
     Operator will create them, for a server-side dry run before the MPIJob exists: the MPI
@@ -839,7 +850,10 @@ def build_children(
     grouped = [pod_group] if pod_group else []
     if job.spec.launcher == "mpi":
         return [*guarded, *rbac, *grouped, build_mpijob(job, attempt, settings)]
-    pods = [gang.join(job, p) for p in build_worker_pods(job, attempt, settings, indices)]
+    pods = [
+        kueue.placed_by_topology(job, kueue.POD_SET, gang.join(job, p))
+        for p in build_worker_pods(job, attempt, settings, indices)
+    ]
     return [build_service(job), *guarded, *rbac, *grouped, *pods]
 
 

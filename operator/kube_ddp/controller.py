@@ -30,6 +30,7 @@ from kube_ddp.builders import (
     build_event,
     build_mpijob,
     job_labels,
+    kueue_pods,
     mpi_admission_probes,
     mpijob_placement,
 )
@@ -285,7 +286,7 @@ class Controller:
         """Kueue's contract for a job labelled with a queue (`kueue.plan` decides): the job as
         it is afterwards, and the step taken (why a queue holds the job suspended)."""
         if kueue.queue_name(job) is None:
-            return body, job, kueue.Step()
+            return body, job, kueue.Step(refused=kueue.unqueued_refusal(job))
         if not self.watches_workloads():  # Kueue's admissions would never reach us
             return body, job, kueue.Step(refused=kueue.NOT_SERVED)
         workload = await self.kube.get(workload_path(job.namespace, kueue.workload_name(job)))
@@ -303,7 +304,7 @@ class Controller:
             priority = None
             if (ref := kueue.priority_class(job)) is not None:
                 priority = (await self.kube.get(kueue.priority_class_path(ref)) or {}).get("value")
-            shapes = kueue.pods_of(job, self.build_settings)
+            shapes = kueue_pods(job, self.build_settings)
             created = kueue.build_workload(job, shapes, job_labels(job), priority)
             kopf.adopt(created, owner=kopf.Body(cast(kopf.RawBody, body)))
             try:

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from kube_ddp import names
+from kube_ddp import kueue, names
 from kube_ddp.api import (
     ContainerSettings,
     DDPTrainingJob,
@@ -57,6 +57,10 @@ def read_jobs(path: str, namespace: str | None) -> list[DDPTrainingJob]:
         except ValidationError as error:
             problems += [f"{where}: {line}" for line in describe_errors(error)]
             continue
+        # What the operator fails a job for before it creates anything, and the API server
+        # cannot check (its rules see no labels).
+        if (refused := kueue.unqueued_refusal(job)) is not None:
+            problems.append(f"{where}: spec.{refused}")
         jobs.append(job)
     if problems:
         raise InputError("\n".join(problems))

@@ -12,7 +12,7 @@ import pytest
 
 from kube_ddp import kueue, names
 from kube_ddp.api import DDPTrainingJob, JobStatus, load_job
-from kube_ddp.builders import BuildSettings, build_children, job_labels
+from kube_ddp.builders import BuildSettings, build_children, job_labels, kueue_pods
 from kube_ddp.controller import Controller
 from kube_ddp.kube import workload_path
 from kube_ddp.reasons import Reason
@@ -39,7 +39,7 @@ def queued_job(
 
 
 def workload_for(job: DDPTrainingJob, priority: int | None = None) -> dict[str, Any]:
-    pods = kueue.pods_of(job, BuildSettings())
+    pods = kueue_pods(job, BuildSettings())
     workload = kueue.build_workload(job, pods, job_labels(job), priority)
     workload["metadata"]["resourceVersion"] = "7"
     return workload
@@ -289,8 +289,8 @@ def test_shell_suspends_a_new_queued_job_and_creates_its_workload() -> None:
     assert written["conditions"][0]["reason"] == Reason.QUEUED
 
 
-def test_shell_applies_an_admission_and_starts_the_workers() -> None:
-    body = queued_body(runPolicy={"suspend": True})
+def reconcile_admitted(body: dict[str, Any]) -> FakeApi:
+    """One reconcile of the suspended job `body` whose Workload Kueue admitted (ADMISSION)."""
     job = load_job(body)
     workload = with_status(workload_for(job), admission=ADMISSION, conditions=ADMITTED)
     fake = FakeApi()
@@ -301,7 +301,11 @@ def test_shell_applies_an_admission_and_starts_the_workers() -> None:
         start(fake, controller, body)
         await controller.reconcile(KEY)
 
-    run(scenario, fake)
+    return run(scenario, fake)
+
+
+def test_shell_applies_an_admission_and_starts_the_workers() -> None:
+    fake = reconcile_admitted(queued_body(runPolicy={"suspend": True}))
     pods = [c.body for c in fake.made("POST", "/pods")]
     assert len(pods) == 2
     for pod in pods:
