@@ -72,7 +72,7 @@ def decide(
     draft = Draft(status=job.status or JobStatus(), now=now)
     draft.update(observed_generation=job.metadata.generation)
     if job.spec.launcher == "mpi":
-        decide_mpi(draft, job, mpijob, list(pods), set(expected))
+        decide_mpi(draft, job, mpijob, list(pods), set(expected), suspended_by)
     else:
         decide_torchrun(draft, job, list(pods), expected, suspended_by)
     return draft.decision()
