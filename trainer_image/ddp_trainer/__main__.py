@@ -16,12 +16,15 @@ from collections.abc import Sequence
 from ddp_trainer.contract import EXIT_PREEMPTED
 from ddp_trainer.errors import TrainerError, exit_peer_lost, is_peer_lost, storage_error
 from ddp_trainer.options import parse_argv
+from ddp_trainer.preemption import Preemption
 
 PROG = "ddp-train"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_argv(argv, prog=PROG)  # exits 2 on a bad option, before torch is imported
+    # SIGTERM from here on exits 86; once training runs, after a checkpoint at an agreed step.
+    preemption = Preemption(options.stop_check_steps)
     try:
         from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -31,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         # record: under torchrun, the failure lands in the error file its summary shows.
-        record(run)(options)
+        record(run)(options, preemption)
     except PreemptedError as exc:
         print(f"{PROG}: {exc}: exiting {EXIT_PREEMPTED} (resume, not a failure)", file=sys.stderr)
         return EXIT_PREEMPTED

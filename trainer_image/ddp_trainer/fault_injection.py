@@ -2,6 +2,7 @@
 or hangs there; each rank logs a digest of every batch it trains on.
 
   DDP_TRAINER_CRASH_ONCE_AT_EPOCH=k   after epoch k (and its checkpoint) ...
+  DDP_TRAINER_CRASH_ONCE_AT_STEP=k    ... or after global step k (and its checkpoint) ...
   DDP_TRAINER_CRASH_MARKER=path       ... if this file does not exist yet, create it and ...
   DDP_TRAINER_CRASH_RANK=r            ... kill rank r (default: the last rank) with SIGKILL,
                                       like an OOM kill or a lost node.
@@ -34,11 +35,17 @@ def crash_once_if_asked(
     world_size: int,
     env: Mapping[str, str],
     before: Callable[[], object] = lambda: None,
+    *,
+    step: int | None = None,
 ) -> None:
-    """`before` runs first (the trainer finishes the checkpoint it is writing)."""
-    at_epoch = env.get("DDP_TRAINER_CRASH_ONCE_AT_EPOCH")
+    """Called after each epoch, or with `step` after each global step; `before` runs first
+    (the trainer finishes the checkpoint it is writing)."""
+    if step is None:
+        at, now = env.get("DDP_TRAINER_CRASH_ONCE_AT_EPOCH"), epoch
+    else:
+        at, now = env.get("DDP_TRAINER_CRASH_ONCE_AT_STEP"), step
     marker = env.get("DDP_TRAINER_CRASH_MARKER")
-    if not (at_epoch and marker) or int(at_epoch) != epoch:
+    if not (at and marker) or int(at) != now:
         return
     if rank != int(env.get("DDP_TRAINER_CRASH_RANK", world_size - 1)):
         return

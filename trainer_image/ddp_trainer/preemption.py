@@ -51,7 +51,10 @@ class Preemption:
         self._exit_if_no_group()
 
     def _exit_if_no_group(self) -> None:
-        if not _distributed().is_initialized() and not self._single_process():
+        # Not imported (or half imported) yet: no group either.
+        is_initialized = getattr(sys.modules.get("torch.distributed"), "is_initialized", None)
+        grouped = is_initialized is not None and is_initialized()
+        if not grouped and not self._single_process():
             # No group yet: nothing trained, nothing to save.
             print("SIGTERM before training started: exiting", file=sys.stderr, flush=True)
             sys.stdout.flush()

@@ -64,9 +64,10 @@ DOWNLOAD_TIMEOUT = timedelta(hours=1)  # the wait for local rank 0's download, n
 warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
 
 
-def run(options: TrainerOptions) -> Summary:
-    """Train as one rank of whatever launched this process."""
-    recipe = Recipe(options)
+def run(options: TrainerOptions, preemption: Preemption | None = None) -> Summary:
+    """Train as one rank of whatever launched this process; SIGTERM stops it at an agreed
+    step (`PreemptedError`) once `preemption` (made here when not given) is in place."""
+    recipe = Recipe(options, preemption)
     try:
         recipe.setup()
         return recipe.train()
@@ -176,7 +177,7 @@ class Recipe:
     reported_save: checkpoint.Saved | None = None
     last_save_at: float  # monotonic
 
-    def __init__(self, options: TrainerOptions) -> None:
+    def __init__(self, options: TrainerOptions, preemption: Preemption | None = None) -> None:
         self.options = options
         self.world = world = distributed.discover_world(os.environ)
         distributed.export_world(world, os.environ)
@@ -194,7 +195,7 @@ class Recipe:
         self.in_epoch = None
         self.epoch_timings = []
         # Before the process group: a SIGTERM until then exits at once.
-        self.preemption = Preemption(options.stop_check_steps)
+        self.preemption = preemption or Preemption(options.stop_check_steps)
         self.batch_log = BatchLog.from_env(os.environ, world.rank)
         log.info(
             "rank=%d world_size=%d local_rank=%d local_world_size=%d node_rank=%d launcher=%s "
@@ -513,6 +514,10 @@ class Recipe:
             self.save_checkpoint(InEpoch(epoch, step, loss_all, images_all, seconds), wait=stop)
         if self.saver is not None and self.saver.last is not self.reported_save:
             self.report_checkpoint()
+        rank, world_size = self.world.rank, self.world.world_size
+        crash_once_if_asked(
+            epoch, rank, world_size, os.environ, self.wait_for_save, step=self.global_step
+        )
         if stop:
             if self.world.distributed:
                 dist.barrier()  # no rank leaves before rank 0 has saved
