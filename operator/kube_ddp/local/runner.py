@@ -77,8 +77,8 @@ def run_local(
         except KeyboardInterrupt:
             console.end_progress()
             console.note(
-                "interrupted: SIGTERM to every worker, which saves a checkpoint and stops, as "
-                "on a suspend or a drain (Ctrl-C again: kill them now)"
+                "interrupted: SIGTERM to every worker, as on a suspend or a drain (the "
+                "trainer saves a checkpoint and stops; Ctrl-C again kills them now)"
             )
             stopped = runner.stop_all()
             listed = ", ".join(stopped) if stopped else "none were running"
