@@ -157,6 +157,7 @@ class Saved:
     epoch: int
     saved_at: datetime
     seconds: float  # from the snapshot to the renamed file
+    paused: float  # of those, the snapshot's: the only part training waited for
 
 
 class Saver:
@@ -176,20 +177,25 @@ class Saver:
         self.wait()  # one write in flight
         started = time.perf_counter()
         copied = snapshot(state)
+        paused = time.perf_counter() - started
         self._thread = threading.Thread(
-            target=self._write, args=(copied, step, epoch, started), name="checkpoint-writer"
+            target=self._write,
+            args=(copied, step, epoch, started, paused),
+            name="checkpoint-writer",
         )
         self._thread.start()
         if wait:
             self.wait()
 
-    def _write(self, state: dict[str, Any], step: int, epoch: int, started: float) -> None:
+    def _write(
+        self, state: dict[str, Any], step: int, epoch: int, started: float, paused: float
+    ) -> None:
         try:
             save_checkpoint(state, self.store, step, self.keep)
         except BaseException as exc:  # raised again on the training thread
             self._error = exc
             return
-        self.last = Saved(step, epoch, self.now(), time.perf_counter() - started)
+        self.last = Saved(step, epoch, self.now(), time.perf_counter() - started, paused)
 
     def wait(self) -> Saved | None:
         """Until the write in flight is done; raises its error, if it had one."""

@@ -598,7 +598,12 @@ class Recipe:
         assert self.saver is not None
         saved = self.reported_save = self.saver.last
         if saved is not None:
-            log.info("checkpoint at step %d saved in %.2f s", saved.step, saved.seconds)
+            log.info(
+                "checkpoint at step %d saved in %.3f s (training paused %.3f s for the snapshot)",
+                saved.step,
+                saved.seconds,
+                saved.paused,
+            )
         if saved is not None and self.reporter is not None:
             fields = checkpoint_fields(saved, self.resumed_from_step)
             self.reporter.report({"status": {"training": fields}})
