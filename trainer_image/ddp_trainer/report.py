@@ -29,12 +29,9 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, SupportsFloat
+from typing import Any, SupportsFloat
 
 from ddp_trainer import contract
-
-if TYPE_CHECKING:
-    from ddp_trainer.checkpoint import Saved  # imports torch; this module must not
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +68,18 @@ def training_patch(
     return {"status": {"training": training}}
 
 
-def checkpoint_fields(saved: Saved, resumed_from_step: int) -> dict[str, Any]:
-    """status.training's `checkpoint` (the newest completed save) and `resumedFromStep` (where
-    this attempt started; 0 for a fresh start)."""
+def checkpoint_fields(
+    *, step: int, epoch: int, saved_at: datetime, seconds: float, resumed_from_step: int
+) -> dict[str, Any]:
+    """status.training's `checkpoint` (the newest completed save: its global step, epoch, time
+    and how long it took) and `resumedFromStep` (where this attempt started; 0 for a fresh
+    start)."""
     return {
         "checkpoint": {
-            "step": saved.step,
-            "epoch": saved.epoch,
-            "savedAt": stamp(saved.saved_at),
-            "saveSeconds": round(saved.seconds, 3),
+            "step": step,
+            "epoch": epoch,
+            "savedAt": stamp(saved_at),
+            "saveSeconds": round(seconds, 3),
         },
         "resumedFromStep": resumed_from_step,
     }

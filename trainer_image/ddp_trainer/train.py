@@ -605,7 +605,13 @@ class Recipe:
                 saved.paused,
             )
         if saved is not None and self.reporter is not None:
-            fields = checkpoint_fields(saved, self.resumed_from_step)
+            fields = checkpoint_fields(
+                step=saved.step,
+                epoch=saved.epoch,
+                saved_at=saved.saved_at,
+                seconds=saved.seconds,
+                resumed_from_step=self.resumed_from_step,
+            )
             self.reporter.report({"status": {"training": fields}})
 
     def report(self, metrics: EpochMetrics) -> None:

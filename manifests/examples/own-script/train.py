@@ -12,18 +12,20 @@ Two helpers from the trainer image's ddp_trainer package (standard library until
 - `Preemption` turns SIGTERM (a suspend, a Kueue eviction, a node drain: the kubelet's
   notice before it kills the pod) into a stop at a step every rank agrees on: rank 0 saves a
   checkpoint of that step and every rank exits 86, which kube-ddp resumes instead of counting
-  a failure. The next run starts after the saved step.
+  a failure. The next run starts after the saved step; `report_checkpoint` puts the save in
+  the job's status.
 """
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer.preemption import Preemption
-from ddp_trainer.progress import report
+from ddp_trainer.progress import report, report_checkpoint
 
 
 def main() -> None:
@@ -66,6 +68,7 @@ def main() -> None:
         if preemption.stop_requested():  # every rank, every step: they agree on this one
             print(f"stopping after step {step + 1}: SIGTERM", flush=True)
             if rank == 0 and checkpoint:
+                started = time.monotonic()
                 state = {
                     "step": step + 1,
                     "model": model.module.state_dict(),
@@ -74,6 +77,8 @@ def main() -> None:
                 os.makedirs(args.checkpoint_dir, exist_ok=True)
                 torch.save(state, checkpoint + ".tmp")
                 os.replace(checkpoint + ".tmp", checkpoint)  # never half a checkpoint
+                seconds = time.monotonic() - started  # status.training.checkpoint says it
+                report_checkpoint(step + 1, epoch, seconds, resumed_from_step=done[0])
             preemption.exit()  # waits for rank 0, exits 86
     if rank == 0:
         weight, bias = model.module.weight.item(), model.module.bias.item()
