@@ -10,7 +10,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,11 +29,6 @@ def batch_log(prefix: Path, rank: int) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
-def wrapped_torchrun(*args: str) -> list[str]:
-    """kube-ddp's torchrun: exits as its ranks did."""
-    return [sys.executable, "-m", "ddp_trainer.torchrun", *support.torchrun_command(*args)[1:]]
 
 
 def wait_for_steps(prefix: Path, steps: int, process: subprocess.Popen[str]) -> None:
@@ -92,7 +86,9 @@ def test_sigterm_saves_at_a_step_both_ranks_agree_on_and_the_pod_exits_86(
     passes it on, both ranks stop after the same step, rank 0 saves that step, every process
     exits 86."""
     checkpoints, log = tmp_path / "checkpoints", tmp_path / "batches"
-    command = wrapped_torchrun(*DIGITS, "--epochs=300", f"--checkpoint-dir={checkpoints}")
+    command = support.wrapped_torchrun_command(
+        "-m", "ddp_trainer", *DIGITS, "--epochs=300", f"--checkpoint-dir={checkpoints}"
+    )
     process = support.start(command, support.clean_env(DDP_TRAINER_BATCH_LOG=str(log)))
     wait_for_steps(log, 30, process)
     process.send_signal(signal.SIGTERM)
@@ -140,18 +136,9 @@ def test_a_plain_pytorch_script_with_the_helper_saves_and_exits_86(tmp_path: Pat
     torchrun, 2 processes: SIGTERM mid-run, both ranks stop after the same step, rank 0's
     checkpoint holds it, the pod exits 86; run again, it resumes after that step."""
     checkpoints = tmp_path / "checkpoints"
-    command = [
-        sys.executable,
-        "-m",
-        "ddp_trainer.torchrun",
-        "--standalone",
-        "--nproc-per-node=2",
-        "--max-restarts=0",
-        "--monitor-interval=0.2",
-        str(OWN_SCRIPT),
-        "--epochs=10000",
-        f"--checkpoint-dir={checkpoints}",
-    ]
+    command = support.wrapped_torchrun_command(
+        str(OWN_SCRIPT), "--epochs=10000", f"--checkpoint-dir={checkpoints}"
+    )
     process = support.start(command, support.clean_env())
     assert process.stdout is not None
     for line in process.stdout:
