@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 
 from ddp_trainer.contract import EXIT_PREEMPTED
 from ddp_trainer.errors import TrainerError, exit_peer_lost, is_peer_lost, storage_error
@@ -24,7 +25,7 @@ PROG = "ddp-train"
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_argv(argv, prog=PROG)  # exits 2 on a bad option, before torch is imported
     # SIGTERM from here on exits 86; once training runs, after a checkpoint at an agreed step.
-    preemption = Preemption(options.stop_check_steps)
+    preemption = Preemption(options.stop_check_steps, timedelta(seconds=options.timeout_seconds))
     try:
         from torch.distributed.elastic.multiprocessing.errors import record
 

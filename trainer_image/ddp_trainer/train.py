@@ -68,15 +68,21 @@ def run(options: TrainerOptions, preemption: Preemption | None = None) -> Summar
     """Train as one rank of whatever launched this process; SIGTERM stops it at an agreed
     step (`PreemptedError`) once `preemption` (made here when not given) is in place."""
     recipe = Recipe(options, preemption)
+    stopped_cleanly = False
     try:
         recipe.setup()
-        return recipe.train()
+        summary = recipe.train()
+        stopped_cleanly = True
+        return summary
+    except PreemptedError:
+        stopped_cleanly = True
+        raise
     except Exception as exc:
         if is_peer_lost(exc):
             recipe.name_the_culprit()
         raise
     finally:
-        recipe.cleanup()
+        recipe.cleanup(stopped_cleanly)
 
 
 class PreemptedError(Exception):
@@ -176,6 +182,7 @@ class Recipe:
     saver: checkpoint.Saver | None = None  # rank 0's, with a checkpoint directory
     reported_save: checkpoint.Saved | None = None
     last_save_at: float  # monotonic
+    timed_save_asked: bool = False  # rank 0 asked the others for a timed save, not yet made
 
     def __init__(self, options: TrainerOptions, preemption: Preemption | None = None) -> None:
         self.options = options
@@ -195,7 +202,9 @@ class Recipe:
         self.in_epoch = None
         self.epoch_timings = []
         # Before the process group: a SIGTERM until then exits at once.
-        self.preemption = preemption or Preemption(options.stop_check_steps)
+        self.preemption = preemption or Preemption(
+            options.stop_check_steps, timedelta(seconds=options.timeout_seconds)
+        )
         self.batch_log = BatchLog.from_env(os.environ, world.rank)
         log.info(
             "rank=%d world_size=%d local_rank=%d local_world_size=%d node_rank=%d launcher=%s "
@@ -499,9 +508,11 @@ class Recipe:
         options = self.options
         timed_due = (
             self.saver is not None
+            and not self.timed_save_asked
             and options.checkpoint_every_seconds > 0
             and time.monotonic() - self.last_save_at >= options.checkpoint_every_seconds
         )
+        self.timed_save_asked |= timed_due
         stop, timed = self.preemption.agree(timed_due)
         by_steps = (
             options.checkpoint_every_steps is not None
@@ -568,6 +579,7 @@ class Recipe:
         """Rank 0 snapshots the state and writes it in the background (`wait`: before
         returning); the other ranks hold the same state and go on."""
         self.last_save_at = time.monotonic()
+        self.timed_save_asked = False
         if self.saver is not None:
             rng: dict[str, Any] = {"torch": torch.get_rng_state()}
             if self.device.type == "cuda":
@@ -662,13 +674,14 @@ class Recipe:
         if self.ledger is not None:
             log.error("%s", culprit.name_the_culprit(self.ledger, self.world.world_size))
 
-    def cleanup(self) -> None:
+    def cleanup(self, stopped_cleanly: bool = True) -> None:
         if self.saver is not None:
             with contextlib.suppress(Exception):  # the error that ended training comes first
                 self.saver.wait()  # a checkpoint begun is finished before the process ends
         if self.ledger is not None:
             self.ledger.stop()
-        if dist.is_initialized():
+        if dist.is_initialized() and stopped_cleanly:  # else its peers may never answer
+            self.preemption.close()
             dist.destroy_process_group()
 
     # --- small helpers ----------------------------------------------------------------------
