@@ -108,10 +108,10 @@ def test_sigterm_saves_at_a_step_both_ranks_agree_on_and_the_pod_exits_86(
 def test_sigterm_before_the_process_group_exists_exits_86_without_saving(
     tmp_path: Path,
 ) -> None:
-    """Rank 1 of 2 waits for a rank 0 that never comes (in C++, deaf to Python's handlers)."""
-    env = support.clean_env(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1") | {
-        "MASTER_PORT": str(free_port())
-    }
+    """Rank 0 of 2 waits in the rendezvous for a rank 1 that never comes: in C++, where
+    Python's signal handlers do not run."""
+    env = support.clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+    env["MASTER_PORT"] = str(free_port())
     checkpoints = tmp_path / "checkpoints"
     process = support.start(
         support.trainer_command(*DIGITS, f"--checkpoint-dir={checkpoints}"), env
