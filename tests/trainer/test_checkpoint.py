@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ddp_trainer.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
+from ddp_trainer.stores import DirectoryStore
 
 
 def _state(epoch: int) -> dict[str, Any]:
@@ -24,7 +25,7 @@ class Unpicklable:
 def test_the_last_k_checkpoints_are_kept(tmp_path: Path) -> None:
     for epoch in range(1, 6):
         save_checkpoint(_state(epoch), tmp_path, epoch, keep=2)
-    assert [epoch for epoch, _ in list_checkpoints(tmp_path)] == [4, 5]
+    assert [epoch for epoch, _ in list_checkpoints(DirectoryStore(tmp_path))] == [4, 5]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "checkpoint-epoch-00004.pt",
         "checkpoint-epoch-00005.pt",
@@ -39,7 +40,7 @@ def test_a_write_that_fails_midway_leaves_the_previous_checkpoint(tmp_path: Path
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint-epoch-00001.pt"]
     state, path = load_latest_checkpoint(tmp_path) or ({}, None)
     assert state["epoch"] == 1
-    assert path == tmp_path / "checkpoint-epoch-00001.pt"
+    assert path == str(tmp_path / "checkpoint-epoch-00001.pt")
 
 
 def test_leftovers_of_a_killed_writer_are_removed(tmp_path: Path) -> None:

@@ -285,7 +285,7 @@ class Recipe:
             return
         found = None
         if self.world.is_main:
-            found = checkpoint.load_latest_checkpoint(Path(self.options.checkpoint_dir))
+            found = checkpoint.load_latest_checkpoint(self.options.checkpoint_dir)
         if self.world.distributed:
             # Sent, not re-read: other nodes need not share the checkpoint volume.
             box = [found]
@@ -462,7 +462,7 @@ class Recipe:
             }
             checkpoint.save_checkpoint(
                 state,
-                Path(self.options.checkpoint_dir or "."),
+                self.options.checkpoint_dir or ".",
                 self.progress.epoch,
                 self.options.keep_checkpoints,
             )
