@@ -30,12 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ddp_trainer.contract import S3_SCHEME, S3_URI_PATTERN
 from ddp_trainer.errors import StorageError, TemporaryError, storage, storage_error
 
-S3_SCHEME = "s3://"
-# A bucket name as S3 allows it: 3-63 lowercase letters, digits, dots and hyphens, starting and
-# ending with a letter or digit. The operator's CRD rule checks the same URI form.
-S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
 # Objects larger than this go up in parts of this size (S3's minimum part is 5 MiB; one PUT
 # holds at most 5 GiB).
 MULTIPART_CHUNK_BYTES = 64 * 1024 * 1024
