@@ -773,7 +773,9 @@ class DDPTrainingJobSpec(Model):
             message="checkpointStore holds the credentials of an object store: set "
             "trainer.checkpointDir to s3://BUCKET/PREFIX, or remove checkpointStore",
             holds=lambda s: (
-                s.checkpoint_store is None or s.command is not None or _s3_checkpoint_dir(s)
+                s.checkpoint_store is None
+                or s.command is not None
+                or _s3_checkpoint_dir(s) is not None
             ),
         ),
         Rule(
