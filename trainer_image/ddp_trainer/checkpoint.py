@@ -58,7 +58,7 @@ def save_checkpoint(
     store.write(name, serialised.getbuffer())
     for _, old in list_checkpoints(store)[:-keep]:
         store.delete(old)
-    return store.where(name)
+    return store.location(name)
 
 
 def load_latest_checkpoint(
@@ -67,7 +67,7 @@ def load_latest_checkpoint(
     """The newest checkpoint that loads and has the required keys, and where it was; or None."""
     store = open_store(location)
     for _, name in reversed(list_checkpoints(store)):
-        where = store.where(name)
+        where = store.location(name)
         try:
             state = torch.load(io.BytesIO(store.read(name)), map_location="cpu", weights_only=True)
         except (StorageError, TemporaryError):

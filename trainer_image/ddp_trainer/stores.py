@@ -59,7 +59,7 @@ class Store(Protocol):
         """Remove the entry; no error when it is gone already."""
         ...
 
-    def where(self, name: str) -> str:
+    def location(self, name: str) -> str:
         """The entry, as a person would name it in a message."""
         ...
 
@@ -114,7 +114,7 @@ class DirectoryStore:
         with storage(self.directory / name, "cannot remove"):
             (self.directory / name).unlink(missing_ok=True)
 
-    def where(self, name: str) -> str:
+    def location(self, name: str) -> str:
         return str(self.directory / name)
 
 
@@ -172,7 +172,7 @@ class ObjectStore:
                 connect_timeout=10,
                 read_timeout=60,
             )
-            with self._errors(self.where("")):
+            with self._errors(self.location("")):
                 self._client = boto3.session.Session().client("s3", config=config)
         return self._client
 
@@ -182,7 +182,7 @@ class ObjectStore:
     def names(self) -> list[str]:
         start = f"{self.prefix}/" if self.prefix else ""
         found = []
-        with self._errors(self.where("")):
+        with self._errors(self.location("")):
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=start, Delimiter="/"
             )
@@ -198,21 +198,21 @@ class ObjectStore:
         )
         # boto3 aborts a multipart upload that fails; one whose process is killed stays
         # incomplete, and S3 lists only completed objects.
-        with self._errors(self.where(name)):
+        with self._errors(self.location(name)):
             self.client.upload_fileobj(
                 io.BytesIO(data), self.bucket, self._key(name), Config=config
             )
 
     def read(self, name: str) -> bytes:
-        with self._errors(self.where(name)):
+        with self._errors(self.location(name)):
             answer = self.client.get_object(Bucket=self.bucket, Key=self._key(name))
             return bytes(answer["Body"].read())
 
     def delete(self, name: str) -> None:
-        with self._errors(self.where(name)):
+        with self._errors(self.location(name)):
             self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
 
-    def where(self, name: str) -> str:
+    def location(self, name: str) -> str:
         return f"{S3_SCHEME}{self.bucket}/{self._key(name)}".rstrip("/")
 
     @contextmanager
