@@ -139,6 +139,46 @@ REJECTIONS = [
         rule=True,
     ),
     Rejection(
+        "checkpointDir an S3 URI without a valid bucket",
+        {"nodes": 1, "trainer": {"checkpointDir": "s3://My_Bucket/run"}},
+        "spec: trainer.checkpointDir must be s3://BUCKET or s3://BUCKET/PREFIX, the bucket "
+        "3-63 lowercase letters, digits, dots and hyphens",
+        rule=True,
+    ),
+    Rejection(
+        "checkpointStore without an S3 checkpointDir",
+        {
+            "nodes": 1,
+            "trainer": {"checkpointDir": "/ckpt"},
+            "checkpointStore": {"secretName": "s3-credentials"},
+        },
+        "spec: checkpointStore holds the credentials of an object store: set "
+        "trainer.checkpointDir to s3://BUCKET/PREFIX, or remove checkpointStore",
+        rule=True,
+    ),
+    Rejection(
+        "checkpointStore with mpi",
+        {
+            "nodes": 1,
+            "launcher": "mpi",
+            "trainer": {"checkpointDir": "s3://bucket/run"},
+            "checkpointStore": {"secretName": "s3-credentials"},
+        },
+        "spec: checkpointStore is not supported with launcher mpi yet: give the workers the "
+        "AWS_* variables in env (valueFrom.secretKeyRef) instead",
+        rule=True,
+    ),
+    Rejection(
+        "checkpointStore secret not an object name",
+        {
+            "nodes": 1,
+            "trainer": {"checkpointDir": "s3://bucket/run"},
+            "checkpointStore": {"secretName": "S3 Credentials"},
+        },
+        "spec.checkpointStore.secretName: String should match pattern",
+        "spec.checkpointStore.secretName: Invalid value",
+    ),
+    Rejection(
         "gang larger than the job",
         {"nodes": 2, "scheduling": {"gang": {"minMember": 3}}},
         "spec: scheduling.gang.minMember must not exceed nodes",

@@ -50,6 +50,10 @@ PROMETHEUS_VERSION = "v0.316.0"
 # The proxy refuses its /v2 module path; v1.6.1 is the newest it serves.
 KUBE_ROUTER_VERSION = "v1.6.1"
 PYTORCHJOB_CRD_FILE = "./manifests/base/crds/kubeflow.org_pytorchjobs.yaml"  # in the module
+# An S3-compatible object store for the checkpoint tests (tests/s3_server.py): one binary that
+# serves a directory.
+VERSITYGW_VERSION = "v1.8.0"
+VERSITYGW_MODULE = "github.com/versity/versitygw"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,6 +257,12 @@ ADDONS = (
         version=PROMETHEUS_VERSION,
         packages={"promtool": "github.com/prometheus/prometheus/cmd/promtool"},
         ldflags=(f"-X github.com/prometheus/common/version.Version={_prometheus_release()}",),
+    ),
+    GoBuild(
+        name="versitygw",
+        module=VERSITYGW_MODULE,
+        version=VERSITYGW_VERSION,
+        packages={"versitygw": f"{VERSITYGW_MODULE}/cmd/versitygw"},
     ),
 )
 

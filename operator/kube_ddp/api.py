@@ -27,6 +27,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
+from ddp_trainer import contract
 from ddp_trainer.options import TrainerOptions
 from kube_ddp import names
 from kube_ddp.server_input import as_the_server_reads
@@ -614,6 +615,36 @@ _CEL_BACKEND_FITS = (
 )
 
 
+# A Kubernetes object name (a DNS subdomain), as a Secret's name must be.
+_OBJECT_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class CheckpointStore(Model):
+    """The credentials of the S3-compatible object store that `trainer.checkpointDir:
+    s3://BUCKET/PREFIX` names."""
+
+    secret_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=_OBJECT_NAME,
+        description="A Secret in the job's namespace whose keys "
+        f"{', '.join(contract.S3_SECRET_KEYS)} (and, where it has them, "
+        f"{', '.join(contract.S3_OPTIONAL_SECRET_KEYS)}) become the variables of the same "
+        "names on every worker; a name that env sets is left to env.",
+    )
+
+
+def _s3_checkpoint_dir(spec: DDPTrainingJobSpec) -> str | None:
+    directory = spec.trainer.checkpoint_dir if spec.trainer is not None else None
+    return directory if directory and directory.startswith(contract.S3_SCHEME) else None
+
+
+_CEL_S3_CHECKPOINT_DIR = (
+    f"has(self.trainer) && has(self.trainer.checkpointDir) && "
+    f"self.trainer.checkpointDir.startsWith('{contract.S3_SCHEME}')"
+)
+
+
 class DDPTrainingJobSpec(Model):
     """A PyTorch DDP training job: N worker pods, each running nprocPerNode processes."""
 
@@ -658,6 +689,12 @@ class DDPTrainingJobSpec(Model):
         None,
         description="Options of the built-in trainer (python -m ddp_trainer); each key is "
         "its --kebab-case flag.",
+    )
+    checkpoint_store: CheckpointStore | None = Field(
+        None,
+        description="Checkpoints in an S3-compatible object store (trainer.checkpointDir: "
+        "s3://BUCKET/PREFIX): the Secret with its credentials and, optionally, its endpoint "
+        "and region.",
     )
     command: list[str] | None = Field(
         None,
@@ -772,6 +809,32 @@ class DDPTrainingJobSpec(Model):
             message="set either command (your own program) or trainer (the built-in "
             "entrypoint's options), not both",
             holds=lambda s: not (s.command is not None and s.trainer is not None),
+        ),
+        Rule(
+            cel=f"!({_CEL_S3_CHECKPOINT_DIR}) || "
+            f"self.trainer.checkpointDir.matches('{contract.S3_URI_PATTERN}')",
+            message="trainer.checkpointDir must be s3://BUCKET or s3://BUCKET/PREFIX, the "
+            "bucket 3-63 lowercase letters, digits, dots and hyphens",
+            holds=lambda s: (
+                (uri := _s3_checkpoint_dir(s)) is None
+                or re.fullmatch(contract.S3_URI_PATTERN, uri) is not None
+            ),
+        ),
+        Rule(
+            cel=f"!has(self.checkpointStore) || has(self.command) || ({_CEL_S3_CHECKPOINT_DIR})",
+            message="checkpointStore holds the credentials of an object store: set "
+            "trainer.checkpointDir to s3://BUCKET/PREFIX, or remove checkpointStore",
+            holds=lambda s: (
+                s.checkpoint_store is None
+                or s.command is not None
+                or _s3_checkpoint_dir(s) is not None
+            ),
+        ),
+        Rule(
+            cel="!has(self.checkpointStore) || self.launcher != 'mpi'",
+            message="checkpointStore is not supported with launcher mpi yet: give the workers "
+            "the AWS_* variables in env (valueFrom.secretKeyRef) instead",
+            holds=lambda s: s.checkpoint_store is None or s.launcher != "mpi",
         ),
         Rule(
             cel="!has(self.nprocPerNode) || self.accelerator.type == 'cpu' || "

@@ -160,9 +160,29 @@ def _launcher_defaults(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
     return defaults
 
 
+def checkpoint_store_env(spec: DDPTrainingJobSpec) -> list[Obj]:
+    """The AWS variables from the Secret `checkpointStore.secretName` names: a Secret without
+    a required key keeps the container from starting (the kubelet says which key), one without
+    an optional key leaves its variable unset."""
+    if spec.checkpoint_store is None:
+        return []
+    secret = spec.checkpoint_store.secret_name
+    required = [(key, False) for key in contract.S3_SECRET_KEYS]
+    optional = [(key, True) for key in contract.S3_OPTIONAL_SECRET_KEYS]
+    return [
+        {
+            "name": key,
+            "valueFrom": {
+                "secretKeyRef": {"name": secret, "key": key, **({"optional": True} if may else {})}
+            },
+        }
+        for key, may in required + optional
+    ]
+
+
 def worker_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[Obj]:
     """The contract first, then the user's env (which may refer to it as $(NAME)); a default
-    the user's env also sets is left to the user's."""
+    or a checkpoint store's variable that the user's env also sets is left to the user's."""
     user = [e.model_dump(by_alias=True, exclude_none=True) for e in job.spec.env]
     chosen = {e["name"] for e in user}
     defaults = [
@@ -170,7 +190,8 @@ def worker_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[Obj
         for name, value in _launcher_defaults(job, attempt).items()
         if name not in chosen
     ]
-    return contract_env(job, index, attempt) + defaults + user
+    store = [e for e in checkpoint_store_env(job.spec) if e["name"] not in chosen]
+    return contract_env(job, index, attempt) + defaults + store + user
 
 
 # --- what runs --------------------------------------------------------------------------------

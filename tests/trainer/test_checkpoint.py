@@ -10,13 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from ddp_trainer.checkpoint import (
-    DirectoryStore,
-    Saver,
-    list_checkpoints,
-    load_latest_checkpoint,
-    save_checkpoint,
-)
+from ddp_trainer.checkpoint import Saver, list_checkpoints, load_latest_checkpoint, save_checkpoint
+from ddp_trainer.stores import DirectoryStore
 
 
 def _state(step: int) -> dict[str, Any]:

@@ -724,6 +724,42 @@ def test_flight_recorder_dumps_go_beside_the_checkpoints_one_name_per_attempt() 
     assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in relative  # the working dir is the image's
 
 
+S3_JOB = {
+    "nodes": 2,
+    "trainer": {"checkpointDir": "s3://checkpoints/mnist"},
+    "checkpointStore": {"secretName": "s3-credentials"},
+}
+
+
+def test_a_checkpoint_store_gives_every_worker_the_aws_variables_from_its_secret() -> None:
+    for index in (0, 1):
+        pod = worker(S3_JOB, index=index)
+        store = {
+            e["name"]: e["valueFrom"]["secretKeyRef"]
+            for e in container_of(pod)["env"]
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
+        assert store == {
+            "AWS_ACCESS_KEY_ID": {"name": "s3-credentials", "key": "AWS_ACCESS_KEY_ID"},
+            "AWS_SECRET_ACCESS_KEY": {"name": "s3-credentials", "key": "AWS_SECRET_ACCESS_KEY"},
+            **{
+                key: {"name": "s3-credentials", "key": key, "optional": True}
+                for key in ("AWS_SESSION_TOKEN", "AWS_REGION", "AWS_ENDPOINT_URL")
+            },
+        }
+    # No volume for an object store, and no flight-recorder path under an s3:// URI.
+    pod = worker(S3_JOB)
+    assert "ddp-checkpoints" not in {v["name"] for v in pod["spec"].get("volumes", [])}
+    assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in env_of(container_of(pod))
+
+
+def test_a_variable_the_jobs_env_sets_is_left_to_it_not_taken_from_the_secret() -> None:
+    endpoint = {"name": "AWS_ENDPOINT_URL", "value": "http://minio.storage:9000"}
+    env = container_of(worker({**S3_JOB, "env": [endpoint]}))["env"]
+    assert [e for e in env if e["name"] == "AWS_ENDPOINT_URL"] == [endpoint]
+    assert not any("AWS_" in e["name"] for e in container_of(worker({"nodes": 2}))["env"])
+
+
 def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
     if obj["kind"] == "Pod":
         return list(obj["spec"]["containers"])

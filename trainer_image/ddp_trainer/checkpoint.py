@@ -8,9 +8,9 @@ state (state_dicts, numbers, RNG tensors), loadable with `weights_only=True`.
 
 Saving has two halves. `snapshot` runs on the training thread and copies the state to CPU
 memory, so training may change its tensors the moment it returns. `Saver` then serialises
-and writes that copy in a background thread, one write in flight. A write goes to a hidden
-temporary name, is fsynced and renamed, so a killed writer leaves either the old set or the
-new file, never a half-written one under a real name. A file that still fails to load (a
+and writes that copy in a background thread, one write in flight. The store writes it all or
+nothing, so a killed writer leaves either the old set or the new checkpoint, never a
+half-written one under a real name. A file that still fails to load (a
 truncated copy, a full disk on another system) is skipped with a warning and the next older
 one is tried.
 
@@ -18,72 +18,31 @@ DDP keeps every rank's model and optimizer identical, so rank 0 alone writes the
 sharding the write by rank would only pay for states larger than one host's write bandwidth
 allows within a checkpoint interval.
 
-Where the bytes live is `DirectoryStore`'s one job (list, write atomically, read, delete).
+Where the bytes live, a directory or an S3-compatible object store (`--checkpoint-dir
+s3://bucket/prefix`), is `ddp_trainer.stores`' one job: either writes atomically.
 """
 
 from __future__ import annotations
 
 import io
 import logging
-import os
 import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from ddp_trainer.errors import storage
+from ddp_trainer.errors import StorageError, TemporaryError
+from ddp_trainer.stores import Store
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^checkpoint-(epoch|step)-(\d+)\.pt$")
-_TEMPORARY = re.compile(r"^\.checkpoint-.*\.tmp$")
 REQUIRED_KEYS = frozenset({"epoch", "model", "optimizer"})
-
-
-class DirectoryStore:
-    """Checkpoint files in one directory: the only file I/O of checkpoints."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def location(self, name: str) -> str:
-        return str(self.directory / name)
-
-    def names(self) -> list[str]:
-        """Every name in the store, temporary ones included; none when it does not exist."""
-        if not self.directory.is_dir():
-            return []
-        with storage(self.directory, "cannot list checkpoints in"):
-            return [path.name for path in self.directory.iterdir()]
-
-    def write(self, name: str, data: bytes | memoryview) -> None:
-        """`data` under `name`, all or nothing: a temporary file, fsynced, then renamed."""
-        final = self.directory / name
-        temporary = self.directory / f".{name}.{os.getpid()}.tmp"
-        with storage(final, "cannot write the checkpoint"):
-            self.directory.mkdir(parents=True, exist_ok=True)
-            try:
-                with temporary.open("wb") as file:
-                    file.write(data)
-                    file.flush()
-                    os.fsync(file.fileno())
-                os.replace(temporary, final)
-            except BaseException:
-                temporary.unlink(missing_ok=True)
-                raise
-            _fsync_directory(self.directory)  # the rename itself survives a crash
-
-    def read(self, name: str) -> bytes:
-        return (self.directory / name).read_bytes()
-
-    def delete(self, name: str) -> None:
-        (self.directory / name).unlink(missing_ok=True)
 
 
 def checkpoint_name(step: int) -> str:
@@ -98,13 +57,13 @@ def _order(name: str) -> tuple[int, int] | None:
     return (0 if match.group(1) == "epoch" else 1, int(match.group(2)))
 
 
-def list_checkpoints(store: DirectoryStore) -> list[str]:
+def list_checkpoints(store: Store) -> list[str]:
     """The names of every checkpoint in the store, oldest first."""
     found = [(order, name) for name in store.names() if (order := _order(name)) is not None]
     return [name for _, name in sorted(found)]
 
 
-def save_checkpoint(state: dict[str, Any], store: DirectoryStore, step: int, keep: int) -> str:
+def save_checkpoint(state: dict[str, Any], store: Store, step: int, keep: int) -> str:
     """Write `state` as the checkpoint of global step `step`, then remove all but the newest
     `keep`. A store that cannot be written (permissions, a full disk) is a `StorageError`."""
     name = checkpoint_name(step)
@@ -115,19 +74,18 @@ def save_checkpoint(state: dict[str, Any], store: DirectoryStore, step: int, kee
     store.write(name, serialised.getbuffer())
     for old in list_checkpoints(store)[:-keep]:
         store.delete(old)
-    for leftover in store.names():
-        if _TEMPORARY.match(leftover) and f".{os.getpid()}." not in leftover:
-            store.delete(leftover)  # from writers killed mid-save
     return name
 
 
-def load_latest_checkpoint(store: DirectoryStore) -> tuple[dict[str, Any], str] | None:
+def load_latest_checkpoint(store: Store) -> tuple[dict[str, Any], str] | None:
     """The newest checkpoint that loads and has the required keys, with where it is, or None."""
     for name in reversed(list_checkpoints(store)):
         where = store.location(name)
         try:
             state = torch.load(io.BytesIO(store.read(name)), map_location="cpu", weights_only=True)
-        except Exception as exc:
+        except (StorageError, TemporaryError):
+            raise  # the store itself: an older checkpoint would hide it
+        except Exception as exc:  # a truncated copy, a foreign file, one removed meanwhile
             log.warning("skipping unreadable checkpoint %s: %s", where, _first_line(exc))
             continue
         if not isinstance(state, dict) or not state.keys() >= REQUIRED_KEYS:
@@ -164,7 +122,7 @@ class Saver:
     """Rank 0's writer: one background write in flight; an error surfaces on the training
     thread at the next `save` or `wait`."""
 
-    def __init__(self, store: DirectoryStore, keep: int, now: Callable[[], datetime]) -> None:
+    def __init__(self, store: Store, keep: int, now: Callable[[], datetime]) -> None:
         self.store = store
         self.keep = keep
         self.now = now
@@ -206,14 +164,6 @@ class Saver:
         if error is not None:
             raise error
         return self.last
-
-
-def _fsync_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _first_line(exc: Exception) -> str:

@@ -96,3 +96,13 @@ FLIGHT_RECORDER_FILE: Final = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 # The trainer's exit code when a collective timed out or a peer went away (torch.distributed
 # raised, not the program): the operator's default rules restart the group for it.
 EXIT_PEER_LOST: Final = 88
+
+# --- checkpoints in an S3-compatible object store ------------------------------------------
+# `checkpointDir: s3://BUCKET[/PREFIX]` (ddp_trainer.stores): a bucket name as S3 allows it,
+# 3-63 lowercase letters, digits, dots and hyphens, a letter or digit at each end.
+S3_SCHEME: Final = "s3://"
+S3_URI_PATTERN: Final = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
+# The keys of the Secret a job's checkpointStore.secretName names, each the AWS variable of the
+# same name on every worker: the first two required, the others taken where the Secret has them.
+S3_SECRET_KEYS: Final = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+S3_OPTIONAL_SECRET_KEYS: Final = ("AWS_SESSION_TOKEN", "AWS_REGION", "AWS_ENDPOINT_URL")

@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import checkpoint, culprit, distributed
+from ddp_trainer import checkpoint, culprit, distributed, stores
 from ddp_trainer.batches import (
     Batches,
     Normalizer,
@@ -242,7 +242,7 @@ class Recipe:
         self._resume()  # before DDP wraps the model: DDP then broadcasts rank 0's weights
         self._wrap()
         if options.checkpoint_dir and self.world.is_main:
-            store = checkpoint.DirectoryStore(Path(options.checkpoint_dir))
+            store = stores.open_store(options.checkpoint_dir)
             self.saver = checkpoint.Saver(store, options.keep_checkpoints, now_utc)
         self.last_save_at = time.monotonic()
         self.reporter = None
@@ -345,7 +345,7 @@ class Recipe:
             return
         found = None
         if self.world.is_main:
-            store = checkpoint.DirectoryStore(Path(self.options.checkpoint_dir))
+            store = stores.open_store(self.options.checkpoint_dir)
             found = checkpoint.load_latest_checkpoint(store)
         if self.world.distributed:
             # Sent, not re-read: other nodes need not share the checkpoint volume.

@@ -108,6 +108,8 @@ def fit_job(job: DDPTrainingJob, overrides: Overrides, machine: Machine) -> DDPT
         if changed.get("accelerator", {}).get("type", "cpu") != "cpu":
             changed["accelerator"]["perNode"] = overrides.nproc_per_node
     changed["port"] = free_port()
+    # Its Secret is the cluster's: here the workers take the AWS variables of this shell.
+    changed.pop("checkpointStore", None)
     try:
         fitted = load_job(document)
     except ValidationError as error:
