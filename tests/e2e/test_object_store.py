@@ -68,7 +68,8 @@ def test_a_killed_rank_resumes_from_the_checkpoint_in_the_object_store(
     assert status["restarts"] == 1
     assert (status["failure"]["pod"], status["failure"]["exitCode"]) == ("s3resume-worker-1", 137)
     resumed = logs(jobs, "s3resume-worker-0")
-    found = re.search(rf"resuming at step (\d+) .* from s3://{bucket}/resume/checkpoint-step-", resumed)
+    where = f"s3://{bucket}/resume/checkpoint-step-"
+    found = re.search(rf"resuming at step (\d+) .* from {where}", resumed)
     assert found, resumed[-2000:]
     objects = s3.client().list_objects_v2(Bucket=bucket, Prefix="resume/")["Contents"]
     newest = max(o["Key"] for o in objects)  # the last epoch's, after the resume
