@@ -384,7 +384,10 @@ class Controller:
             _raise_refusal([*done, *by_pod.values()], created)
         elif isinstance(action, DeletePods):
             await asyncio.gather(
-                *(self.kube.delete_pod(namespace, pod, action.force) for pod in action.names)
+                *(
+                    self.kube.delete_pod(namespace, pod, action.force, action.grace_seconds)
+                    for pod in action.names
+                )
             )
         elif isinstance(action, DeleteJob):
             await self.kube.delete_job(namespace, name)

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from kube_ddp.api import DDPTrainingJob, JobStatus
+from kube_ddp.builders import termination_grace_seconds
 from kube_ddp.reasons import Reason
 from kube_ddp.status.draft import (
     Action,
@@ -69,7 +70,9 @@ def decide(
     the watch has not shown yet (they count as Pending, never as vanished); `suspended_by` is
     (reason, message) when a queue, not the user, holds the job suspended (`kueue.plan`).
     """
-    draft = Draft(status=job.status or JobStatus(), now=now)
+    draft = Draft(
+        status=job.status or JobStatus(), now=now, grace_seconds=termination_grace_seconds(job)
+    )
     draft.update(observed_generation=job.metadata.generation)
     if job.spec.launcher == "mpi":
         decide_mpi(draft, job, mpijob, list(pods), set(expected))
