@@ -28,7 +28,7 @@ from kube_ddp.status.draft import (
     Event,
     SuspendMPIJob,
 )
-from kube_ddp.status.lifecycle import FINISHED
+from kube_ddp.status.lifecycle import FINISHED, UNDER_WAY
 from kube_ddp.status.mpi import decide_mpi
 from kube_ddp.status.refusals import Refusal, classify, most_decisive, refuse
 from kube_ddp.status.torchrun import decide_torchrun
@@ -36,6 +36,7 @@ from kube_ddp.status.views import MPIJobView, PodView
 
 __all__ = [
     "FINISHED",
+    "UNDER_WAY",
     "Action",
     "CreateWorkers",
     "Decision",
