@@ -874,8 +874,8 @@ class CheckpointProgress(StatusModel):
     epoch: int | None = Field(None, description="The epoch it was taken in.")
     saved_at: datetime | None = Field(None, description="When it was complete.")
     save_seconds: float | None = Field(
-        None, description="How long the save took: the operator fits the workers' grace period "
-        "to it."
+        None,
+        description="How long the save took: the operator fits the workers' grace period to it.",
     )
 
 

@@ -44,6 +44,7 @@ from kube_ddp.kube import (
 )
 from kube_ddp.reasons import Reason
 from kube_ddp.status import (
+    UNDER_WAY,
     Action,
     CreateWorkers,
     Decision,
@@ -51,7 +52,6 @@ from kube_ddp.status import (
     DeleteMPIJob,
     DeletePods,
     MPIJobView,
-    UNDER_WAY,
     PodView,
     Refusal,
     SuspendMPIJob,
