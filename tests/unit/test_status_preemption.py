@@ -152,15 +152,18 @@ def test_the_step_the_next_attempt_resumed_from_is_said_once_reported() -> None:
     created = (NOW - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     workers = [pod(0, created_at=created), pod(1, created_at=created)]
 
-    def after(report_age: timedelta) -> int | None:
+    def after(report_age: timedelta, said: int | None = None) -> int | None:
         training = {"resumedFromStep": 1200, "updatedAt": NOW - report_age}
-        status = running(preemptions=1, lastPreemption=last, training=training)
+        copied = {**last, "resumedFromStep": said}
+        status = running(preemptions=1, lastPreemption=copied, training=training)
         decision = decide(job(status), workers, NOW)
         assert decision.status.last_preemption is not None
         return decision.status.last_preemption.resumed_from_step
 
     assert after(timedelta(minutes=3)) is None  # the stopped attempt's report
     assert after(timedelta(seconds=10)) == 1200
+    # the field the attempt before left in the merge-patched report, then this attempt's own
+    assert after(timedelta(seconds=10), said=0) == 1200
 
 
 def test_a_suspend_of_a_running_group_is_a_preemption() -> None:

@@ -51,10 +51,12 @@ def record_preemption(draft: Draft, reason: str, message: str) -> None:
 
 
 def note_resumed_step(draft: Draft, workers: Mapping[int, PodView]) -> None:
-    """Copy the step the attempt after the last preemption resumed from into `lastPreemption`,
-    once the trainer of that attempt (a report newer than its newest pod) has said it."""
+    """Copy the step the attempt after the last preemption resumed from into `lastPreemption`
+    from the trainer's reports of that attempt (newer than its newest pod). The trainer's
+    reports are merge patches: until the attempt sends `resumedFromStep` itself, the field may
+    hold the one before's, so the copy follows the field while the attempt runs."""
     last, training = draft.status.last_preemption, draft.status.training
-    if last is None or last.time is None or last.resumed_from_step is not None:
+    if last is None or last.time is None:
         return
     if training is None or training.resumed_from_step is None or training.updated_at is None:
         return
@@ -62,7 +64,7 @@ def note_resumed_step(draft: Draft, workers: Mapping[int, PodView]) -> None:
     # creationTimestamp has whole seconds: a pod of the same second as the preemption is newer
     if not created or min(created) < last.time.replace(microsecond=0):
         return
-    if training.updated_at >= max(created):
+    if training.updated_at >= max(created) and last.resumed_from_step != training.resumed_from_step:
         resumed = last.model_copy(update={"resumed_from_step": training.resumed_from_step})
         draft.update(last_preemption=resumed)
 
