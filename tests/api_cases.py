@@ -172,6 +172,18 @@ REJECTIONS = [
         rule=True,
     ),
     Rejection(
+        "topology level not a label key",
+        {"nodes": 2, "scheduling": {"topology": {"level": "rack name"}}},
+        "spec.scheduling.topology.level: String should match pattern",
+        "spec.scheduling.topology.level: Invalid value",
+    ),
+    Rejection(
+        "unknown topology mode",
+        {"nodes": 2, "scheduling": {"topology": {"level": "rack", "mode": "Strict"}}},
+        "spec.scheduling.topology.mode: Input should be 'Required' or 'Preferred' (got 'Strict')",
+        'Unsupported value: "Strict"',
+    ),
+    Rejection(
         "unknown gang scheduler",
         {"nodes": 2, "scheduling": {"gang": {"scheduler": "yunikorn"}}},
         "spec.scheduling.gang.scheduler: Input should be 'kubernetes', 'coscheduling' or "

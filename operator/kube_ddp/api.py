@@ -507,12 +507,46 @@ class GangPolicy(Model):
     queue: str | None = Field(None, min_length=1, description="volcano: the Volcano queue.")
 
 
+# A node label key (Kubernetes' qualified name), at most 63 characters as Kueue's topology
+# levels are (PodSetTopologyRequest.required/preferred).
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+class TopologyPolicy(Model):
+    """All workers in one topology domain (Kueue's Topology Aware Scheduling): the nodes
+    sharing a value of the node label `level`, as Kueue's podset-required-topology and
+    podset-preferred-topology annotations say it."""
+
+    level: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=LABEL_KEY_PATTERN,
+        description="The node label of the topology level whose domain the workers share "
+        "(a rack or block label, or kubernetes.io/hostname): one of the levels of the "
+        "Topology that the queue's TAS ResourceFlavor names.",
+    )
+    mode: Literal["Required", "Preferred"] = Field(
+        "Required",
+        description="Required: wait until one domain of that level has room for every "
+        "worker; Preferred: one domain of that level if one has room, else one domain of "
+        "the next level up, and so on, else spread over several.",
+    )
+
+
 class SchedulingPolicy(Model):
     """How the workers are scheduled together (Kubeflow's runPolicy.schedulingPolicy, moved
     next to the pod template it applies to)."""
 
     gang: GangPolicy | None = Field(
         None, description="All-or-nothing placement; unset: workers are placed one by one."
+    )
+    topology: TopologyPolicy | None = Field(
+        None,
+        description="Place the workers in one topology domain through Kueue's Topology Aware "
+        "Scheduling; needs the label kueue.x-k8s.io/queue-name.",
     )
 
 
@@ -655,7 +689,8 @@ class DDPTrainingJobSpec(Model):
     )
     mpi: MPIOptions | None = Field(None, description="Process mapping of the mpi launcher.")
     scheduling: SchedulingPolicy | None = Field(
-        None, description="Gang (all-or-nothing) scheduling of the workers."
+        None,
+        description="Gang (all-or-nothing) scheduling and topology-aware placement of the workers.",
     )
     network_policy: NetworkPolicySettings | None = Field(
         None,
@@ -750,6 +785,10 @@ class DDPTrainingJobSpec(Model):
         """Worker 0's rendezvous port in `attempt`: its own for each attempt, so a rank of an
         earlier attempt (its node back after it was taken for lost) finds nothing to join."""
         return self.port + attempt
+
+    @property
+    def topology(self) -> TopologyPolicy | None:
+        return self.scheduling.topology if self.scheduling is not None else None
 
     @property
     def gang_min_member(self) -> int | None:

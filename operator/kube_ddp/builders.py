@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from ddp_trainer import contract
 from ddp_trainer.options import TrainerOptions, to_argv
-from kube_ddp import gang, names
+from kube_ddp import gang, kueue, names
 from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, MPIOptions, Obj
 
 SHM_VOLUME = "dshm"
@@ -829,7 +829,10 @@ def build_children(
     guarded = [policy] if policy is not None else []
     if job.spec.launcher == "mpi":
         return [*guarded, *rbac, build_mpijob(job, attempt, settings)]
-    pods = [gang.join(job, p) for p in build_worker_pods(job, attempt, settings, indices)]
+    pods = [
+        kueue.placed_by_topology(job, kueue.POD_SET, gang.join(job, p))
+        for p in build_worker_pods(job, attempt, settings, indices)
+    ]
     pod_group = gang.build_pod_group(job, job_labels(job))
     return [build_service(job), *guarded, *rbac, *([pod_group] if pod_group else []), *pods]
 

@@ -299,7 +299,7 @@ class Controller:
         """Kueue's contract for a job labelled with a queue (`kueue.plan` decides): the job as
         it is afterwards, and the step taken (why a queue holds the job suspended)."""
         if kueue.queue_name(job) is None:
-            return body, job, kueue.Step()
+            return body, job, kueue.Step(refused=kueue.unqueued_refusal(job))
         if (refused := kueue.refusal(job)) is not None:
             return body, job, kueue.Step(refused=refused)
         if not self.watches_workloads():  # Kueue's admissions would never reach us

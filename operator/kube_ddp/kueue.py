@@ -42,6 +42,26 @@ MPI_NOT_QUEUED = (
     f"the label {QUEUE_LABEL} is not supported with launcher mpi yet: remove the label, or use "
     "launcher torchrun"
 )
+# Topology Aware Scheduling (Kueue's TAS, apis/kueue/v1beta2/topology_types.go): a pod set's
+# topologyRequest and the annotation naming its level (which also marks the pods as TAS pods,
+# so Kueue does not count them a second time as other usage of the nodes); the gate, Workload
+# annotation and pod set label by which Kueue's topology ungater finds the pods of an admitted
+# pod set, writes each one's domain (topologyAssignment) into its nodeSelector and ungates it.
+TOPOLOGY_ANNOTATIONS: Final = {
+    "Required": f"{GROUP}/podset-required-topology",
+    "Preferred": f"{GROUP}/podset-preferred-topology",
+}
+# Kueue's mark of a pod set it placed by topology though it asked for none (a flavor with a
+# topologyName: implicit TAS); podset.FromAssignment puts it on the job's template.
+UNCONSTRAINED_ANNOTATION: Final = f"{GROUP}/podset-unconstrained-topology"
+TOPOLOGY_GATE: Final = f"{GROUP}/topology"
+WORKLOAD_ANNOTATION: Final = f"{GROUP}/workload"
+POD_SET_LABEL: Final = f"{GROUP}/podset"
+TOPOLOGY_NOT_QUEUED = (
+    f"scheduling.topology needs the label {QUEUE_LABEL}: Kueue's Topology Aware Scheduling "
+    "places the workers; label the job with a LocalQueue whose ClusterQueue has a ResourceFlavor "
+    "with a topologyName, or remove scheduling.topology"
+)
 # kopf looks up the kinds it watches once, when it starts (as for MPIJobs).
 NOT_SERVED = (
     f"the label {QUEUE_LABEL} needs Kueue, whose Workloads ({API_VERSION}) this cluster did "
@@ -58,6 +78,68 @@ def queue_name(job: DDPTrainingJob) -> str | None:
 def refusal(job: DDPTrainingJob) -> str | None:
     """Why a queued job cannot be held to the contract, or None."""
     return MPI_NOT_QUEUED if job.spec.launcher == "mpi" else None
+
+
+def unqueued_refusal(job: DDPTrainingJob) -> str | None:
+    """Why a job without the queue label cannot run as written, or None."""
+    if queue_name(job) is None and job.spec.topology is not None:
+        return TOPOLOGY_NOT_QUEUED
+    return None
+
+
+def topology_request(job: DDPTrainingJob, pod_index_label: str | None) -> Obj | None:
+    """A pod set's `topologyRequest` (None without `scheduling.topology`). `pod_index_label`
+    numbers the pod set's pods from 0: Kueue then gives consecutive indices neighbouring
+    places, so ranks that exchange gradients in a ring sit close together."""
+    topology = job.spec.topology
+    if topology is None:
+        return None
+    request: Obj = {topology.mode.lower(): topology.level}
+    if pod_index_label is not None:
+        request["podIndexLabel"] = pod_index_label
+    return request
+
+
+def _with_metadata(obj: Mapping[str, Any], labels: Obj, annotations: Obj) -> Obj:
+    metadata = dict(obj.get("metadata") or {})
+    if labels:
+        metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
+    if annotations:
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
+    return {**obj, "metadata": metadata}
+
+
+def _topology_annotation(job: DDPTrainingJob) -> Obj:
+    topology = job.spec.topology
+    return {TOPOLOGY_ANNOTATIONS[topology.mode]: topology.level} if topology is not None else {}
+
+
+def with_topology(job: DDPTrainingJob, pod_set: Obj, pod_index_label: str | None) -> Obj:
+    """A Workload pod set with the job's topology request, on the pod set and as the
+    annotation on its template (what Kueue's job framework builds from a job's annotated
+    template); unchanged without `scheduling.topology`."""
+    request = topology_request(job, pod_index_label)
+    if request is None:
+        return pod_set
+    template = _with_metadata(pod_set["template"], {}, _topology_annotation(job))
+    return {**pod_set, "topologyRequest": request, "template": template}
+
+
+def placed_by_topology(job: DDPTrainingJob, pod_set: str, pod: Obj) -> Obj:
+    """`pod` (a pod, or a pod template) of the Workload's pod set `pod_set` as Kueue's topology
+    ungater finds it: held by the gate until Kueue writes its domain's node labels into its
+    nodeSelector. Unchanged unless the job asks for a topology or its admission placed it by
+    topology all the same; every attempt's pods are placed anew, in the domains of the
+    admission in force."""
+    if job.spec.topology is None and UNCONSTRAINED_ANNOTATION not in job.spec.template.annotations:
+        return pod
+    annotations = {**_topology_annotation(job), WORKLOAD_ANNOTATION: workload_name(job)}
+    placed = _with_metadata(pod, {POD_SET_LABEL: pod_set}, annotations)
+    spec = dict(placed["spec"])
+    gates = list(spec.get("schedulingGates") or [])
+    if all(gate.get("name") != TOPOLOGY_GATE for gate in gates):
+        gates.append({"name": TOPOLOGY_GATE})
+    return {**placed, "spec": {**spec, "schedulingGates": gates}}
 
 
 def priority_class(job: DDPTrainingJob) -> Obj | None:
@@ -108,14 +190,18 @@ def build_workload(
     spec: Obj = {
         "queueName": queue_name(job),
         "podSets": [
-            {
-                "name": POD_SET,
-                "count": job.spec.nodes,
-                "template": {
-                    "metadata": {"labels": dict(worker_pod["metadata"].get("labels", {}))},
-                    "spec": pod_spec,
+            with_topology(
+                job,
+                {
+                    "name": POD_SET,
+                    "count": job.spec.nodes,
+                    "template": {
+                        "metadata": {"labels": dict(worker_pod["metadata"].get("labels", {}))},
+                        "spec": pod_spec,
+                    },
                 },
-            }
+                names.LABEL_REPLICA_INDEX,
+            )
         ],
     }
     ref = priority_class(job)
@@ -173,6 +259,21 @@ def assigned_flavors(workload: Mapping[str, Any] | None) -> list[str]:
     return []
 
 
+def _worker_assignment(workload: Mapping[str, Any] | None) -> Obj:
+    for assignment in _admission(workload).get("podSetAssignments") or []:
+        if assignment.get("name") == POD_SET:
+            return dict(assignment)
+    return {}
+
+
+def implicit_topology(workload: Mapping[str, Any]) -> bool:
+    """Whether Kueue placed the worker pod set by topology though it asked for none (its
+    flavor names a Topology): its pods are then gated like any TAS pod's."""
+    pod_sets = (workload.get("spec") or {}).get("podSets") or []
+    asked = any(p.get("name") == POD_SET and p.get("topologyRequest") for p in pod_sets)
+    return not asked and bool(_worker_assignment(workload).get("topologyAssignment"))
+
+
 def admitted_template(
     workload: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, Any]:
@@ -183,6 +284,9 @@ def admitted_template(
     before = json.loads(kept) if kept else {}
     node_selector: dict[str, str] = dict(before.get("nodeSelector") or {})
     tolerations: list[Any] = list(before.get("tolerations") or [])
+    wanted: dict[str, Any] = {"nodeSelector": node_selector, "tolerations": tolerations}
+    if implicit_topology(workload):
+        wanted["annotations"] = {UNCONSTRAINED_ANNOTATION: "true"}
     for name in assigned_flavors(workload):
         flavor_spec = flavors[name].get("spec") or {}
         node_selector.update(flavor_spec.get("nodeLabels") or {})
@@ -192,7 +296,7 @@ def admitted_template(
             if update.get("name") == POD_SET:
                 node_selector.update(update.get("nodeSelector") or {})
                 tolerations += [t for t in update.get("tolerations") or [] if t not in tolerations]
-    return {"nodeSelector": node_selector, "tolerations": tolerations}
+    return wanted
 
 
 def _template_patch(job: DDPTrainingJob, wanted: Mapping[str, Any]) -> Obj:
@@ -200,7 +304,11 @@ def _template_patch(job: DDPTrainingJob, wanted: Mapping[str, Any]) -> Obj:
     current = job.spec.template.node_selector
     selector: dict[str, Any] = {k: None for k in current if k not in wanted["nodeSelector"]}
     selector.update(wanted["nodeSelector"])
-    return {"nodeSelector": selector or None, "tolerations": wanted["tolerations"] or None}
+    patch = {"nodeSelector": selector or None, "tolerations": wanted["tolerations"] or None}
+    marked = UNCONSTRAINED_ANNOTATION in job.spec.template.annotations
+    if marked != (UNCONSTRAINED_ANNOTATION in (wanted.get("annotations") or {})):
+        patch["annotations"] = {UNCONSTRAINED_ANNOTATION: None if marked else "true"}
+    return patch
 
 
 # --- the contract -------------------------------------------------------------------------

@@ -208,7 +208,9 @@ def test_deleting_a_job_removes_its_children_without_the_operator(
         jobs.create(job_manifest("bar", **GPU_2X8))
         jobs.wait_pods("bar", 2)
     jobs.delete("bar")  # the operator is stopped: no finalizer may hold the job
-    wait_for(lambda: not jobs.pods("bar"), "the garbage collector to remove the pods")
+    # On a control plane started moments ago the garbage collector may not watch the new CRD
+    # yet: it rereads the API's resources every 30 s, then follows the owner references.
+    wait_for(lambda: not jobs.pods("bar"), "the garbage collector to remove the pods", timeout=90)
     wait_for(
         lambda: not cluster.core.list_namespaced_service(namespace).items,
         "the garbage collector to remove the Service",

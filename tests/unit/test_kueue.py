@@ -288,8 +288,8 @@ def test_shell_suspends_a_new_queued_job_and_creates_its_workload() -> None:
     assert written["conditions"][0]["reason"] == Reason.QUEUED
 
 
-def test_shell_applies_an_admission_and_starts_the_workers() -> None:
-    body = queued_body(runPolicy={"suspend": True})
+def reconcile_admitted(body: dict[str, Any]) -> FakeApi:
+    """One reconcile of the suspended job `body` whose Workload Kueue admitted (ADMISSION)."""
     job = load_job(body)
     workload = with_status(workload_for(job), admission=ADMISSION, conditions=ADMITTED)
     fake = FakeApi()
@@ -300,7 +300,11 @@ def test_shell_applies_an_admission_and_starts_the_workers() -> None:
         start(fake, controller, body)
         await controller.reconcile(KEY)
 
-    run(scenario, fake)
+    return run(scenario, fake)
+
+
+def test_shell_applies_an_admission_and_starts_the_workers() -> None:
+    fake = reconcile_admitted(queued_body(runPolicy={"suspend": True}))
     pods = [c.body for c in fake.made("POST", "/pods")]
     assert len(pods) == 2
     for pod in pods:
