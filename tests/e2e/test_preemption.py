@@ -121,6 +121,7 @@ def test_the_trainer_suspended_mid_epoch_resumes_from_the_step_it_reached(
     trainer = {
         **DIGITS,
         "batchSize": 8,  # about 90 steps an epoch: a suspend lands mid-epoch
+        "lr": 0.02,  # the default 0.1 diverges at this batch size, preempted or not
         "model": "mlp",
         "epochs": 40,
         "checkpointDir": "/checkpoints",
