@@ -145,10 +145,19 @@ REJECTIONS = [
         rule=True,
     ),
     Rejection(
-        "gang with mpi",
+        "kubernetes gang with mpi",
         {"nodes": 2, "launcher": "mpi", "scheduling": {"gang": {}}},
-        "spec: scheduling.gang is not supported with launcher mpi yet: use launcher torchrun, "
-        "or the MPI Operator's own gang settings",
+        "spec: scheduling.gang with launcher mpi needs scheduler coscheduling or volcano: the "
+        "MPI Operator drops spec.schedulingGroup, by which a pod joins a kubernetes PodGroup, "
+        "from the pods it creates",
+        rule=True,
+    ),
+    Rejection(
+        "topology with mpi",
+        {"nodes": 2, "launcher": "mpi", "scheduling": {"topology": {"level": "rack"}}},
+        "spec: scheduling.topology is not supported with launcher mpi: Kueue's Topology Aware "
+        "Scheduling assigns no flavor to the MPI launcher's pod set, which requests nothing; use "
+        "launcher torchrun or remove scheduling.topology",
         rule=True,
     ),
     Rejection(

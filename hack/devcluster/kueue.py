@@ -12,7 +12,8 @@ Out of cluster, as the reference note measured (docs/dev-cluster.md, "Kueue"):
   /etc/kueue/metrics/certs, which it gets from an overlay on /etc in a private mount namespace
   (the host's /etc is untouched);
 - `externalFrameworks` names the DDPTrainingJob kind: Kueue treats it as a known owner and
-  leaves its Workloads to kube-ddp's operator.
+  leaves its Workloads to kube-ddp's operator; its own MPIJob integration runs too (set up
+  when the MPIJob kind is served), and takes kube-ddp's MPIJobs for children of a queued job.
 """
 
 from __future__ import annotations
@@ -55,7 +56,10 @@ def config(ports: dict[str, int], cert_dir: Path) -> dict[str, Any]:
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "integrations": {
-            "frameworks": ["batch/job"],  # one is required; its hooks stay unregistered
+            # One is required; their hooks stay unregistered. Kueue's MPIJob integration runs
+            # so that the tests see it leave kube-ddp's MPIJobs (children of a queued job) to
+            # the job's Workload.
+            "frameworks": ["batch/job", "kubeflow.org/mpijob"],
             "externalFrameworks": [EXTERNAL_FRAMEWORK],
         },
     }

@@ -731,12 +731,29 @@ class DDPTrainingJobSpec(Model):
             holds=lambda s: s.gang_min_member is None or s.gang_min_member <= s.nodes,
         ),
         Rule(
-            cel="!has(self.scheduling) || !has(self.scheduling.gang) || self.launcher != 'mpi'",
-            message="scheduling.gang is not supported with launcher mpi yet: use launcher "
-            "torchrun, or the MPI Operator's own gang settings",
+            # The MPI Operator v0.8.2 reads its MPIJobs with Kubernetes 1.35's PodSpec, which has
+            # no schedulingGroup: the pods it creates could never join Kubernetes' PodGroup.
+            cel="!has(self.scheduling) || !has(self.scheduling.gang) || self.launcher != 'mpi' "
+            "|| (has(self.scheduling.gang.scheduler) && "
+            "self.scheduling.gang.scheduler != 'kubernetes')",
+            message="scheduling.gang with launcher mpi needs scheduler coscheduling or volcano: "
+            "the MPI Operator drops spec.schedulingGroup, by which a pod joins a kubernetes "
+            "PodGroup, from the pods it creates",
             holds=lambda s: (
-                s.scheduling is None or s.scheduling.gang is None or s.launcher != "mpi"
+                s.scheduling is None
+                or s.scheduling.gang is None
+                or s.launcher != "mpi"
+                or s.scheduling.gang.scheduler != "kubernetes"
             ),
+        ),
+        Rule(
+            # Measured with Kueue v0.19.2 (tests/cluster/test_kueue.py): where the flavors name
+            # a Topology, the launcher's pod set, which requests nothing, gets no flavor.
+            cel="!has(self.scheduling) || !has(self.scheduling.topology) || self.launcher != 'mpi'",
+            message="scheduling.topology is not supported with launcher mpi: Kueue's Topology "
+            "Aware Scheduling assigns no flavor to the MPI launcher's pod set, which requests "
+            "nothing; use launcher torchrun or remove scheduling.topology",
+            holds=lambda s: s.topology is None or s.launcher != "mpi",
         ),
         Rule(
             cel=f"self.port + self.runPolicy.backoffLimit <= {MAX_PORT}",

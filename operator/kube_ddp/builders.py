@@ -7,6 +7,7 @@ exactly what `build_children` returns.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import shlex
 from collections.abc import Iterable, Mapping
@@ -690,8 +691,10 @@ def _launcher_pod_spec(job: DDPTrainingJob, launcher: Obj) -> Obj:
     pod.pop("initContainers", None)  # they prepare the workers (and may mount their claims)
     device = job.spec.accelerator.resource
     pod["tolerations"] = [t for t in pod.get("tolerations", []) if t.get("key") != device]
-    if not pod["tolerations"]:
-        del pod["tolerations"]
+    pod.update(launcher_placement(job))
+    for key in ("nodeSelector", "tolerations"):
+        if not pod.get(key, True):
+            del pod[key]
     left_out = {SHM_VOLUME, *writable_dirs(job.spec)} | {
         v["name"] for v in job.spec.template.volumes if "persistentVolumeClaim" in v
     }
@@ -700,6 +703,15 @@ def _launcher_pod_spec(job: DDPTrainingJob, launcher: Obj) -> Obj:
     if mounts:
         launcher["volumeMounts"] = mounts
     return pod
+
+
+def launcher_placement(job: DDPTrainingJob) -> Obj:
+    """The launcher's nodeSelector and tolerations as Kueue admitted its pod set (an annotation
+    `kueue.plan` writes on the job); empty when the job was not admitted through a queue, and
+    the launcher goes where the template says."""
+    kept = job.metadata.annotations.get(names.LAUNCHER_PLACEMENT_ANNOTATION)
+    placement = json.loads(kept) if kept else {}
+    return {key: placement[key] for key in ("nodeSelector", "tolerations") if key in placement}
 
 
 def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> Obj:
@@ -728,6 +740,14 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
     }
     worker_pod = _pod_spec(job, [worker])
     del worker_pod["restartPolicy"]  # the replica's restartPolicy is the MPIJob's field for it
+    # A gang holds every pod until all can be placed, the launcher among them: it must be
+    # created with the workers (ssh's ConnectionAttempts covers sshd's start).
+    creation = "AtStartup" if gang.gang_of(job) is not None else "WaitForWorkersReady"
+    launcher_template = {
+        "metadata": _pod_metadata(job, None, pod_labels),
+        "spec": _launcher_pod_spec(job, launcher),
+    }
+    worker_template = {"metadata": _pod_metadata(job, None, pod_labels), "spec": worker_pod}
     return {
         "apiVersion": names.MPIJOB_API_VERSION,
         "kind": names.MPIJOB_KIND,
@@ -742,29 +762,50 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
                 "suspend": spec.run_policy.suspend,
             },
             "mpiImplementation": "OpenMPI",
-            # mpirun starts once every worker's sshd is up, not into connection retries.
-            "launcherCreationPolicy": "WaitForWorkersReady",
+            # Without a gang mpirun starts once every worker's sshd is up, not into retries.
+            "launcherCreationPolicy": creation,
             "sshAuthMountPath": _mpi(spec).ssh_auth_mount_path,
             "mpiReplicaSpecs": {
                 "Launcher": {
                     "replicas": 1,
                     "restartPolicy": "Never",
-                    "template": {
-                        "metadata": _pod_metadata(job, None, pod_labels),
-                        "spec": _launcher_pod_spec(job, launcher),
-                    },
+                    "template": gang.join(job, launcher_template),
                 },
                 "Worker": {
                     "replicas": spec.nodes,
                     "restartPolicy": "Never",
-                    "template": {
-                        "metadata": _pod_metadata(job, None, pod_labels),
-                        "spec": worker_pod,
-                    },
+                    "template": gang.join(job, worker_template),
                 },
             },
         },
     }
+
+
+def mpijob_placement(mpijob: Obj) -> list[Obj]:
+    """JSON patch operations that give an existing MPIJob the placement (nodeSelector and
+    tolerations) of `mpijob`'s templates: a suspended MPIJob resumed under a new admission
+    (the MPI Operator copies them into its suspended launcher Job when it resumes)."""
+    replicas = mpijob["spec"]["mpiReplicaSpecs"]
+    return [
+        {
+            "op": "add",
+            "path": f"/spec/mpiReplicaSpecs/{replica}/template/spec/{key}",
+            "value": replicas[replica]["template"]["spec"].get(key, empty),
+        }
+        for replica in ("Launcher", "Worker")
+        for key, empty in (("nodeSelector", {}), ("tolerations", []))
+    ]
+
+
+def kueue_pods(job: DDPTrainingJob, settings: BuildSettings) -> dict[str, Obj]:
+    """The pods of each of the job's Kueue pod sets, by the pod set's name: the worker pod;
+    with launcher mpi the MPIJob's launcher and worker templates (Kueue counts their
+    requests; `kueue.build_workload` makes the pod sets)."""
+    if job.spec.launcher == "mpi":
+        replicas = build_mpijob(job, 0, settings)["spec"]["mpiReplicaSpecs"]
+        templates = {kueue.LAUNCHER_POD_SET: "Launcher", kueue.POD_SET: "Worker"}
+        return {name: replicas[replica]["template"] for name, replica in templates.items()}
+    return {kueue.POD_SET: gang.join(job, build_worker_pod(job, 0, 0, settings))}
 
 
 def mpi_admission_probes(mpijob: Obj) -> list[Obj]:
@@ -827,14 +868,15 @@ def build_children(
     rbac = build_reporter_rbac(job)
     policy = build_network_policy(job, settings)
     guarded = [policy] if policy is not None else []
+    pod_group = gang.build_pod_group(job, job_labels(job))
+    grouped = [pod_group] if pod_group else []
     if job.spec.launcher == "mpi":
-        return [*guarded, *rbac, build_mpijob(job, attempt, settings)]
+        return [*guarded, *rbac, *grouped, build_mpijob(job, attempt, settings)]
     pods = [
         kueue.placed_by_topology(job, kueue.POD_SET, gang.join(job, p))
         for p in build_worker_pods(job, attempt, settings, indices)
     ]
-    pod_group = gang.build_pod_group(job, job_labels(job))
-    return [build_service(job), *guarded, *rbac, *([pod_group] if pod_group else []), *pods]
+    return [build_service(job), *guarded, *rbac, *grouped, *pods]
 
 
 def build_event(

@@ -28,9 +28,11 @@ from kube_ddp.builders import (
     BuildSettings,
     build_children,
     build_event,
-    build_worker_pod,
+    build_mpijob,
     job_labels,
+    kueue_pods,
     mpi_admission_probes,
+    mpijob_placement,
 )
 from kube_ddp.config import OperatorConfig
 from kube_ddp.jobfile import describe_errors
@@ -300,14 +302,12 @@ class Controller:
         it is afterwards, and the step taken (why a queue holds the job suspended)."""
         if kueue.queue_name(job) is None:
             return body, job, kueue.Step(refused=kueue.unqueued_refusal(job))
-        if (refused := kueue.refusal(job)) is not None:
-            return body, job, kueue.Step(refused=refused)
         if not self.watches_workloads():  # Kueue's admissions would never reach us
             return body, job, kueue.Step(refused=kueue.NOT_SERVED)
         workload = await self.kube.get(workload_path(job.namespace, kueue.workload_name(job)))
         flavors = {}
         if kueue.is_admitted(workload) and job.spec.run_policy.suspend:
-            for flavor in kueue.assigned_flavors(workload):
+            for flavor in kueue.all_assigned_flavors(workload):
                 flavors[flavor] = await self.kube.get(kueue.flavor_path(flavor)) or {}
         step = kueue.plan(job, workload, flavors, any(p.active for p in pods), utcnow())
         if step.job_patch is not None:
@@ -319,8 +319,8 @@ class Controller:
             priority = None
             if (ref := kueue.priority_class(job)) is not None:
                 priority = (await self.kube.get(kueue.priority_class_path(ref)) or {}).get("value")
-            worker = gang.join(job, build_worker_pod(job, 0, 0, self.build_settings))
-            created = kueue.build_workload(job, worker, job_labels(job), priority)
+            shapes = kueue_pods(job, self.build_settings)
+            created = kueue.build_workload(job, shapes, job_labels(job), priority)
             kopf.adopt(created, owner=kopf.Body(cast(kopf.RawBody, body)))
             try:
                 await self.kube.create(created)
@@ -409,7 +409,10 @@ class Controller:
         elif isinstance(action, DeleteMPIJob):
             await self.kube.delete_mpijob(namespace, action.name)
         elif isinstance(action, SuspendMPIJob):
-            await self.kube.suspend_mpijob(namespace, action.name, action.suspend)
+            # Resumed with the job's placement now (a queued job's admitted flavors).
+            mpijob = build_mpijob(job, 0, self.build_settings)
+            placement = [] if action.suspend else mpijob_placement(mpijob)
+            await self.kube.suspend_mpijob(namespace, action.name, action.suspend, placement)
 
     async def _create_child(self, job: DDPTrainingJob, child: dict[str, Any]) -> None:
         try:

@@ -12,6 +12,12 @@ One PodGroup per job, named after it and owned by it (the caller adopts it like 
 children): the gang's size cannot change on a live job (`nodes` and `scheduling` are
 immutable), so every attempt reuses it. `spec.template.schedulerName`, when set, wins over
 the scheduler's default name (a second scheduler installed under another name).
+
+With launcher mpi the MPIJob's launcher and worker templates join it, and the gang counts the
+launcher too (`minMember` workers + 1): the MPI Operator copies a template's labels,
+annotations and schedulerName onto the pods it creates. Its own `runPolicy.schedulingPolicy`
+is left unset: it is read only when the MPI Operator runs with `--gang-scheduling`, which
+makes a PodGroup of the same name (the MPIJob's, which is the job's) owned by the MPIJob.
 """
 
 from __future__ import annotations
@@ -74,12 +80,17 @@ def pod_group_name(job: DDPTrainingJob) -> str:
     return job.name
 
 
-def min_member(job: DDPTrainingJob) -> int:
+def min_workers(job: DDPTrainingJob) -> int:
     """Workers placed together: minMember, else nodes (elastic: minNodes, what it can run on)."""
     spec = job.spec
     if spec.gang_min_member is not None:
         return spec.gang_min_member
     return spec.elastic.min_nodes if spec.elastic is not None else spec.nodes
+
+
+def min_member(job: DDPTrainingJob) -> int:
+    """Pods placed together: the workers, and with launcher mpi the launcher."""
+    return min_workers(job) + (1 if job.spec.launcher == "mpi" else 0)
 
 
 def build_pod_group(job: DDPTrainingJob, labels: dict[str, str]) -> Obj | None:
@@ -136,9 +147,10 @@ def describe(job: DDPTrainingJob) -> str | None:
     """How status messages name the gang: `PodGroup <name> (3 of 3 workers together)`."""
     if gang_of(job) is None:
         return None
-    return (
-        f"PodGroup {pod_group_name(job)} ({min_member(job)} of {job.spec.nodes} workers together)"
-    )
+    together = f"{min_workers(job)} of {job.spec.nodes} workers"
+    if job.spec.launcher == "mpi":
+        together = f"the launcher and {together}"
+    return f"PodGroup {pod_group_name(job)} ({together} together)"
 
 
 def not_served(job: DDPTrainingJob) -> str:

@@ -59,8 +59,6 @@ def read_jobs(path: str, namespace: str | None) -> list[DDPTrainingJob]:
             continue
         # What the operator fails a job for before it creates anything, and the API server
         # cannot check (its rules see no labels).
-        if kueue.queue_name(job) is not None and (refused := kueue.refusal(job)) is not None:
-            problems.append(f"{where}: metadata.labels.{kueue.QUEUE_LABEL}: {refused}")
         if (refused := kueue.unqueued_refusal(job)) is not None:
             problems.append(f"{where}: spec.{refused}")
         jobs.append(job)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import aiohttp
 import kopf
@@ -20,6 +20,7 @@ from kube_ddp import gang, kueue, names
 from kube_ddp.api import Obj
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 # Where each kind we create lives: (apiVersion, kind) -> plural.
 PLURALS: dict[tuple[str, str], str] = {
@@ -139,7 +140,11 @@ class Kube:
             await self._session.close()
 
     async def request(
-        self, method: str, path: str, body: Obj | None = None, content_type: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: Obj | list[Obj] | None = None,
+        content_type: str | None = None,
     ) -> Obj:
         """One call; a 401 re-reads the credentials once (service-account tokens rotate)."""
         for attempt in (1, 2):
@@ -211,11 +216,15 @@ class Kube:
         with contextlib.suppress(NotFoundError):
             await self.request("DELETE", path, {"propagationPolicy": "Foreground"})
 
-    async def suspend_mpijob(self, namespace: str, name: str, suspend: bool) -> None:
+    async def suspend_mpijob(
+        self, namespace: str, name: str, suspend: bool, placement: Sequence[Obj] = ()
+    ) -> None:
+        """Set the MPIJob's runPolicy.suspend; `placement`: JSON patch operations applied with
+        it (`builders.mpijob_placement`)."""
         path = f"{collection_path(names.MPIJOB_API_VERSION, names.MPIJOB_KIND, namespace)}/{name}"
-        patch = {"spec": {"runPolicy": {"suspend": suspend}}}
+        suspended = {"op": "add", "path": "/spec/runPolicy/suspend", "value": suspend}
         with contextlib.suppress(NotFoundError):
-            await self.request("PATCH", path, patch, MERGE_PATCH)
+            await self.request("PATCH", path, [*placement, suspended], JSON_PATCH)
 
     async def delete_job(self, namespace: str, name: str) -> None:
         with contextlib.suppress(NotFoundError):

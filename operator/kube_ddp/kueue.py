@@ -32,16 +32,10 @@ PRIORITY_CLASS_LABEL: Final = f"{GROUP}/priority-class"
 JOB_UID_LABEL: Final = f"{GROUP}/job-uid"
 # The value of Kueue's `integrations.externalFrameworks` that names our kind.
 EXTERNAL_FRAMEWORK: Final = f"{names.KIND}.{names.VERSION}.{names.GROUP}"
+# The pod sets, named as Kueue's own MPIJob integration names them (lower-cased replica types).
 POD_SET: Final = "worker"
+LAUNCHER_POD_SET: Final = "launcher"
 TEMPLATE_ANNOTATION: Final = f"{names.GROUP}/template-before-admission"
-# launcher mpi: with DDPTrainingJob an external framework, Kueue's own MPIJob integration sees
-# our MPIJob as a child (FindAncestorJobManagedByKueue) and only holds it suspended until the
-# job's Workload is admitted. It needs a Workload with the launcher's and the workers' pod sets
-# and the admitted flavors in both MPIJob templates (builders.build_mpijob): not done yet.
-MPI_NOT_QUEUED = (
-    f"the label {QUEUE_LABEL} is not supported with launcher mpi yet: remove the label, or use "
-    "launcher torchrun"
-)
 # Topology Aware Scheduling (Kueue's TAS, apis/kueue/v1beta2/topology_types.go): a pod set's
 # topologyRequest and the annotation naming its level (which also marks the pods as TAS pods,
 # so Kueue does not count them a second time as other usage of the nodes); the gate, Workload
@@ -73,11 +67,6 @@ REQUEUED_AFTER: Final = frozenset({"Preempted", "NodeFailures"})
 
 def queue_name(job: DDPTrainingJob) -> str | None:
     return job.metadata.labels.get(QUEUE_LABEL) or None
-
-
-def refusal(job: DDPTrainingJob) -> str | None:
-    """Why a queued job cannot be held to the contract, or None."""
-    return MPI_NOT_QUEUED if job.spec.launcher == "mpi" else None
 
 
 def unqueued_refusal(job: DDPTrainingJob) -> str | None:
@@ -171,39 +160,47 @@ def workload_name(job: DDPTrainingJob) -> str:
     return f"{names.KIND.lower()}-{job.name}-{digest}"
 
 
+def pod_set(name: str, count: int, pod: Mapping[str, Any]) -> Obj:
+    """One pod set of `count` pods shaped like `pod` (a pod, or a pod template)."""
+    pod_spec = {
+        key: value
+        for key, value in pod["spec"].items()
+        if key not in ("hostname", "subdomain")  # per pod, not per pod set
+    }
+    return {
+        "name": name,
+        "count": count,
+        "template": {
+            "metadata": {"labels": dict(pod["metadata"].get("labels", {}))},
+            "spec": pod_spec,
+        },
+    }
+
+
+def pod_sets(job: DDPTrainingJob, pods: Mapping[str, Mapping[str, Any]]) -> list[Obj]:
+    """The Workload's pod sets: `pods` maps a pod set's name (`POD_SET`, and with launcher
+    mpi `LAUNCHER_POD_SET`) to its pods' shape; the launcher is one pod, the workers `nodes`,
+    who carry the job's topology request."""
+    sets = []
+    if LAUNCHER_POD_SET in pods:
+        sets.append(pod_set(LAUNCHER_POD_SET, 1, pods[LAUNCHER_POD_SET]))
+    workers = pod_set(POD_SET, job.spec.nodes, pods[POD_SET])
+    sets.append(with_topology(job, workers, names.LABEL_REPLICA_INDEX))
+    return sets
+
+
 def build_workload(
     job: DDPTrainingJob,
-    worker_pod: Mapping[str, Any],
+    pods: Mapping[str, Mapping[str, Any]],
     labels: Mapping[str, str],
     priority: int | None,
 ) -> Obj:
-    """The job's Workload: one pod set of `nodes` pods shaped like `worker_pod`.
+    """The job's Workload: its `pod_sets`.
 
     `priority` is the value of the class `priority_class` names (the caller reads it)."""
-    pod_spec = {
-        key: value
-        for key, value in worker_pod["spec"].items()
-        if key not in ("hostname", "subdomain")  # per pod, not per pod set
-    }
     template = job.spec.template
     before = {"nodeSelector": template.node_selector, "tolerations": template.tolerations}
-    spec: Obj = {
-        "queueName": queue_name(job),
-        "podSets": [
-            with_topology(
-                job,
-                {
-                    "name": POD_SET,
-                    "count": job.spec.nodes,
-                    "template": {
-                        "metadata": {"labels": dict(worker_pod["metadata"].get("labels", {}))},
-                        "spec": pod_spec,
-                    },
-                },
-                names.LABEL_REPLICA_INDEX,
-            )
-        ],
-    }
+    spec: Obj = {"queueName": queue_name(job), "podSets": pod_sets(job, pods)}
     ref = priority_class(job)
     if ref is not None:
         spec["priorityClassRef"] = ref
@@ -251,12 +248,18 @@ def _admission(workload: Mapping[str, Any] | None) -> Obj:
     return dict(((workload or {}).get("status") or {}).get("admission") or {})
 
 
-def assigned_flavors(workload: Mapping[str, Any] | None) -> list[str]:
-    """The ResourceFlavors Kueue assigned to the worker pod set (every resource's)."""
+def assigned_flavors(workload: Mapping[str, Any] | None, name: str = POD_SET) -> list[str]:
+    """The ResourceFlavors Kueue assigned to the pod set `name` (every resource's)."""
     for assignment in _admission(workload).get("podSetAssignments") or []:
-        if assignment.get("name") == POD_SET:
+        if assignment.get("name") == name:
             return sorted(set((assignment.get("flavors") or {}).values()))
     return []
+
+
+def all_assigned_flavors(workload: Mapping[str, Any] | None) -> list[str]:
+    """The ResourceFlavors Kueue assigned to any pod set: those the caller reads."""
+    assignments = _admission(workload).get("podSetAssignments") or []
+    return sorted({f for a in assignments for f in (a.get("flavors") or {}).values()})
 
 
 def _worker_assignment(workload: Mapping[str, Any] | None) -> Obj:
@@ -275,25 +278,25 @@ def implicit_topology(workload: Mapping[str, Any]) -> bool:
 
 
 def admitted_template(
-    workload: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]]
+    workload: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]], name: str = POD_SET
 ) -> dict[str, Any]:
-    """The template's nodeSelector and tolerations under this admission: the user's own (as
-    kept on the Workload), the flavors' node labels and tolerations, then the admission
+    """The pod set `name`'s nodeSelector and tolerations under this admission: the user's own
+    (as kept on the Workload), the flavors' node labels and tolerations, then the admission
     checks' pod set updates (Kueue's podset.FromAssignment and Merge)."""
     kept = ((workload.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_ANNOTATION)
     before = json.loads(kept) if kept else {}
     node_selector: dict[str, str] = dict(before.get("nodeSelector") or {})
     tolerations: list[Any] = list(before.get("tolerations") or [])
     wanted: dict[str, Any] = {"nodeSelector": node_selector, "tolerations": tolerations}
-    if implicit_topology(workload):
+    if name == POD_SET and implicit_topology(workload):
         wanted["annotations"] = {UNCONSTRAINED_ANNOTATION: "true"}
-    for name in assigned_flavors(workload):
-        flavor_spec = flavors[name].get("spec") or {}
+    for flavor in assigned_flavors(workload, name):
+        flavor_spec = flavors[flavor].get("spec") or {}
         node_selector.update(flavor_spec.get("nodeLabels") or {})
         tolerations += [t for t in flavor_spec.get("tolerations") or [] if t not in tolerations]
     for check in ((workload.get("status") or {}).get("admissionChecks")) or []:
         for update in check.get("podSetUpdates") or []:
-            if update.get("name") == POD_SET:
+            if update.get("name") == name:
                 node_selector.update(update.get("nodeSelector") or {})
                 tolerations += [t for t in update.get("tolerations") or [] if t not in tolerations]
     return wanted
@@ -308,6 +311,21 @@ def _template_patch(job: DDPTrainingJob, wanted: Mapping[str, Any]) -> Obj:
     marked = UNCONSTRAINED_ANNOTATION in job.spec.template.annotations
     if marked != (UNCONSTRAINED_ANNOTATION in (wanted.get("annotations") or {})):
         patch["annotations"] = {UNCONSTRAINED_ANNOTATION: None if marked else "true"}
+    return patch
+
+
+def _admission_patch(
+    job: DDPTrainingJob, workload: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]]
+) -> Obj:
+    """The job under this admission, unsuspended: the workers' placement in spec.template;
+    with launcher mpi the launcher's in an annotation (`builders.build_mpijob` reads it), as
+    the two pod sets may be given different flavors."""
+    template = _template_patch(job, admitted_template(workload, flavors))
+    patch: Obj = {"spec": {"runPolicy": {"suspend": False}, "template": template}}
+    if job.spec.launcher == "mpi":
+        launcher = admitted_template(workload, flavors, LAUNCHER_POD_SET)
+        placement = json.dumps(launcher, sort_keys=True)
+        patch["metadata"] = {"annotations": {names.LAUNCHER_PLACEMENT_ANNOTATION: placement}}
     return patch
 
 
@@ -368,8 +386,6 @@ def plan(
     queue = queue_name(job)
     if queue is None:
         return Step()
-    if (refused := refusal(job)) is not None:
-        return Step(refused=refused)
     suspended = job.spec.run_policy.suspend
     phase = job.status.phase if job.status is not None else None
     if phase in ("Succeeded", "Failed"):
@@ -410,9 +426,7 @@ def plan(
             started = _condition("PodsReady", "True", "Started", "All workers are running", now)
             status = {"conditions": _with_conditions(workload, [started])}
             return Step(workload_status=_status_patch(workload, status))
-        wanted = admitted_template(workload, flavors)
-        template = _template_patch(job, wanted)
-        return Step(job_patch={"spec": {"runPolicy": {"suspend": False}, "template": template}})
+        return Step(job_patch=_admission_patch(job, workload, flavors))
     reserved = conditions(workload).get("QuotaReserved") or {}
     waiting = reserved.get("message") or "waiting for Kueue to admit its Workload"
     cluster_queue = _admission(workload).get("clusterQueue")

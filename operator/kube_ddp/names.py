@@ -26,6 +26,9 @@ LABEL_JOB_NAME: Final = f"{GROUP}/job-name"
 LABEL_REPLICA_INDEX: Final = f"{GROUP}/replica-index"
 LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
 OWNED_LABELS: Final = (LABEL_MANAGED_BY, LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LABEL_ATTEMPT)
+# launcher mpi under Kueue: the launcher's admitted nodeSelector and tolerations (JSON), on the
+# job; the workers' are its spec.template's.
+LAUNCHER_PLACEMENT_ANNOTATION: Final = f"{GROUP}/launcher-placement"
 
 TRAINER_REPOSITORY: Final = "ghcr.io/kube-ddp/ddp-trainer"
 DEFAULT_TRAINER_IMAGE: Final = f"{TRAINER_REPOSITORY}:{__version__}"

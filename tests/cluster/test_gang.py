@@ -158,3 +158,50 @@ def test_other_schedulers_accept_the_pod_group(
             **accepted["metadata"].get("annotations", {}),
         }
         assert joined[kind.label or kind.annotation or ""] == "g"
+
+
+# --- launcher mpi: the MPI Operator creates the pods ---------------------------------------
+
+MPI = {"launcher": "mpi", "mpi": {"socketsPerNode": 1, "coresPerProcess": 1}}
+
+
+def test_the_mpijob_crd_drops_a_templates_scheduling_group(
+    cluster: Cluster, namespace: str, mpi_operator: None
+) -> None:
+    """Why a kubernetes gang is refused with launcher mpi: the MPI Operator's CRD (v0.8.2, built
+    on Kubernetes 1.35's PodSpec) prunes spec.schedulingGroup, so its pods could never join the
+    PodGroup. Once it keeps the field, the refusal (api.py) can go."""
+    job = load_job(job_manifest("g", nodes=2, accelerator=GPU, **MPI), namespace)
+    (mpijob,) = [c for c in build_children(job) if c["kind"] == "MPIJob"]
+    worker = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    worker["schedulingGroup"] = {"podGroupName": "g"}
+    # Unknown to the schema: refused under strict validation, else pruned with a warning.
+    done = cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(mpijob), check=False
+    )
+    assert done.returncode != 0
+    field = "spec.mpiReplicaSpecs.Worker.template.spec.schedulingGroup"
+    assert f'unknown field "{field}"' in done.stderr
+
+
+def test_an_mpi_gang_reaches_the_mpi_operators_pods(
+    mpi_operator: None, gang_crds: None, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """The launcher and both workers, created by the MPI Operator, join the job's coscheduling
+    PodGroup (3 members) and wait for its scheduler (none runs here: nothing is bound)."""
+    gang_spec = {"gang": {"scheduler": "coscheduling"}}
+    jobs.create(job_manifest("mg", nodes=2, accelerator=GPU, scheduling=gang_spec, **MPI))
+    pods = wait_for(lambda: len(found := jobs.pods("mg")) == 3 and found, "3 pods of mg")
+    roles = sorted(p.metadata.labels["training.kubeflow.org/job-role"] for p in pods)
+    assert roles == ["launcher", "worker", "worker"]  # the launcher created with the workers
+    kind = gang.KINDS["coscheduling"]
+    for pod in pods:
+        assert pod.metadata.labels[kind.label or ""] == "mg"
+        assert pod.spec.scheduler_name == kind.scheduler_name
+        assert pod.spec.node_name is None
+    group: dict[str, Any] = jobs.cluster.custom_objects.get_namespaced_custom_object(
+        "scheduling.x-k8s.io", "v1alpha1", jobs.namespace, "podgroups", "mg"
+    )
+    assert group["spec"]["minMember"] == 3
+    assert group["metadata"]["ownerReferences"][0]["kind"] == "DDPTrainingJob"
+    assert jobs.status("mg")["phase"] == "Pending"

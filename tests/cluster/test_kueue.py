@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kube_ddp import kueue
+from kube_ddp import kueue, names
 from kube_ddp.api import load_job
 from tests.cluster.conftest import IN_CI
 from tests.cluster.operator_support import Jobs, OperatorProcess, env_of, job_manifest
@@ -31,9 +31,10 @@ GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}  # the w
 
 
 @pytest.fixture(scope="module")
-def kueue_running(cluster: Cluster) -> Iterator[None]:
+def kueue_running(cluster: Cluster, mpi_operator: None) -> Iterator[None]:
     """Kueue and the example's cluster-scoped queues, all removed afterwards. Module scope:
-    the operator fixture (per test) starts after Kueue's CRDs exist, as kopf needs."""
+    the operator fixture (per test) starts after Kueue's CRDs exist, as kopf needs. The MPI
+    Operator first: Kueue's MPIJob integration starts at once where the kind is served."""
     dev_cluster = load_dev_cluster()
     if os.geteuid() != 0 and not IN_CI:  # in CI, running() fails loudly instead
         pytest.skip("Kueue out of cluster needs root (a private mount namespace for its certs)")
@@ -172,6 +173,114 @@ def test_a_job_without_the_label_is_left_alone(
     assert listed["items"] == []
 
 
+# --- launcher mpi: the MPI Operator's launcher and workers, two pod sets ------------------
+
+MPI_2X8 = {"launcher": "mpi", "mpi": {"socketsPerNode": 1, "coresPerProcess": 1}}
+
+
+def mpi_pods(jobs: Jobs, name: str, role: str) -> list[Any]:
+    return [
+        p
+        for p in jobs.pods(name)
+        if p.metadata.labels.get(names.MPI_LABEL_ROLE) == role
+        and p.status.phase == "Running"
+        and p.metadata.deletion_timestamp is None
+    ]
+
+
+def mpijob_of(jobs: Jobs, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = jobs.cluster.custom_objects.get_namespaced_custom_object(
+        "kubeflow.org", "v2beta1", jobs.namespace, names.MPIJOB_PLURAL, name
+    )
+    return found
+
+
+def wait_mpi_running(jobs: Jobs, name: str) -> tuple[Any, list[Any]]:
+    """The running launcher and workers of a job Running through its MPIJob."""
+    jobs.wait_phase(name, "Running", timeout=60)
+    (launcher,) = wait_for(lambda: mpi_pods(jobs, name, "launcher"), f"{name}'s launcher")
+    return launcher, mpi_pods(jobs, name, "worker")
+
+
+def test_mpi_job_waits_for_the_quota_then_runs_on_each_pod_sets_flavor(
+    queued: str, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create(queued_job("mpi-first", queued, **MPI_2X8))
+    launcher, workers = wait_mpi_running(jobs, "mpi-first")
+    launcher_set, worker_set = workload_of(jobs, "mpi-first")["spec"]["podSets"]
+    assert (launcher_set["name"], launcher_set["count"]) == ("launcher", 1)
+    assert (worker_set["name"], worker_set["count"]) == ("worker", 2)
+    # The workers' pod set took the nvidia flavor; the launcher asks for nothing Kueue counts,
+    # so it gets no flavor and none of the workers' selectors.
+    assert sorted(p.spec.node_name for p in workers) == ["gpu-node-0", "gpu-node-1"]
+    for pod in workers:
+        assert pod.spec.node_selector == {"kubeddp.io/accelerator": "nvidia"}
+    assert not (launcher.spec.node_selector or {})
+    # Kueue's MPIJob integration (enabled: hack/devcluster/kueue.py) takes this MPIJob for a
+    # child of a job it knows: the job's Workload is the only one.
+    listed = jobs.cluster.custom_objects.list_namespaced_custom_object(
+        kueue.GROUP, kueue.VERSION, jobs.namespace, kueue.WORKLOADS
+    )
+    assert [w["metadata"]["name"] for w in listed["items"]] == [
+        workload_of(jobs, "mpi-first")["metadata"]["name"]
+    ]
+
+    jobs.create(queued_job("mpi-second", queued, **MPI_2X8))
+    wait_suspended(jobs, "mpi-second", "Queued")
+    wait_for(
+        lambda: (
+            "insufficient unused quota for nvidia.com/gpu"
+            in condition(jobs, "mpi-second", "Suspended")["message"]
+        ),
+        "Kueue's words on mpi-second",
+    )
+    assert mpijob_of(jobs, "mpi-second")["spec"]["runPolicy"]["suspend"] is True
+    assert jobs.pods("mpi-second") == []
+
+    jobs.end_worker(launcher.metadata.name, 0)
+    jobs.wait_phase("mpi-first", "Succeeded")
+    wait_for(
+        lambda: kueue.is_finished(workload_of(jobs, "mpi-first")), "mpi-first's Workload Finished"
+    )
+    launcher, workers = wait_mpi_running(jobs, "mpi-second")
+    assert {p.spec.node_selector["kubeddp.io/accelerator"] for p in workers} == {"nvidia"}
+    assert jobs.status("mpi-second")["restarts"] == 0
+    end_mpi_job(jobs, "mpi-second", launcher)
+
+
+def end_mpi_job(jobs: Jobs, name: str, launcher: Any) -> None:
+    """mpirun exits 0: the workers go (cleanPodPolicy Running), the GPUs free for the next test."""
+    jobs.end_worker(launcher.metadata.name, 0)
+    jobs.wait_phase(name, "Succeeded")
+    wait_for(lambda: not mpi_pods(jobs, name, "worker"), f"{name}'s workers removed")
+
+
+def test_a_preempted_mpi_job_is_suspended_and_resumes_without_a_restart(
+    queued: str, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create(queued_job("mpi-low", queued, priority="research", **MPI_2X8))
+    _, before = wait_mpi_running(jobs, "mpi-low")
+
+    jobs.create(queued_job("high", queued, priority="production"))
+    preempted = wait_suspended(jobs, "mpi-low", "Preempted")
+    assert "Preempted" in preempted["message"]
+    assert mpijob_of(jobs, "mpi-low")["spec"]["runPolicy"]["suspend"] is True
+    jobs.wait_pods("high", 2, timeout=60)
+    wait_for(lambda: not mpi_pods(jobs, "mpi-low", "worker"), "mpi-low's workers removed", 30)
+    assert jobs.status("mpi-low")["restarts"] == 0
+
+    jobs.end_worker("high-worker-0", 0)
+    jobs.wait_phase("high", "Succeeded")
+    launcher, after = wait_mpi_running(jobs, "mpi-low")
+    status = jobs.status("mpi-low")
+    assert status["restarts"] == 0  # an eviction is not a failure
+    assert condition(jobs, "mpi-low", "Suspended")["status"] == "False"
+    assert {p.metadata.uid for p in after}.isdisjoint(p.metadata.uid for p in before)
+    # the same MPIJob, resumed: the same attempt
+    assert mpijob_of(jobs, "mpi-low")["metadata"]["labels"][names.LABEL_ATTEMPT] == "0"
+    end_mpi_job(jobs, "mpi-low", launcher)
+
+
 # --- topology-aware placement (Kueue's TAS) -----------------------------------------------
 # The Topology, ResourceFlavor and queues of manifests/examples/kueue/topology.yaml, on five
 # kwok nodes of 8 GPUs labelled by block and rack: block a holds racks a1 and a2 of two nodes
@@ -278,6 +387,24 @@ def test_a_job_that_fits_a_rack_runs_in_one(
     assert racks_of(jobs, "in-rack", 2, attempt=1) == racks
     assert jobs.wait_phase("in-rack", "Running")["restarts"] == 1
     jobs.delete("in-rack")  # its Workload goes with it, sooner than with the namespace
+
+
+def test_an_mpi_job_in_a_queue_of_topology_flavors_waits_saying_why(
+    mpi_operator: None, racked_queue: str, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """Why scheduling.topology is refused with launcher mpi: where every flavor names a
+    Topology, Kueue gives the launcher's pod set, which requests nothing, no flavor at all."""
+    manifest = queued_job("mpi-racked", racked_queue, **MPI_2X8)
+    jobs.create(manifest)
+    wait_for(
+        lambda: (
+            "failed to assign flavors to pod set launcher: no TAS flavor assigned"
+            in condition(jobs, "mpi-racked", "Suspended").get("message", "")
+        ),
+        "Kueue's words on mpi-racked",
+    )
+    assert jobs.status("mpi-racked")["phase"] == "Suspended"
+    jobs.delete("mpi-racked")
 
 
 def test_a_job_that_fits_no_rack_waits_saying_why(

@@ -10,12 +10,18 @@ as hostPath volumes; tests/cluster/test_pod_security.py runs an MPI job in one o
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from kube_ddp import names
+from kube_ddp import kueue, names
+from kube_ddp.api import load_job
+from tests.cluster.conftest import IN_CI
 from tests.cluster.operator_support import Jobs, job_manifest
+from tests.cluster.support import load_dev_cluster, wait_for
+from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE
 from tests.e2e.platform import DevPlatform, Platform
 from tests.e2e.test_jobs import DIGITS, TRAINING_TIMEOUT
 from tests.host_tools import require
@@ -48,3 +54,98 @@ def test_mpirun_over_ssh_between_pods_trains_to_succeeded(platform: Platform, jo
     # two pods of one rank each, reached by ssh through the MPI Operator's host file
     assert "launcher=openmpi" in said
     assert "rank=1 world_size=2 local_rank=0 local_world_size=1 node_rank=1" in said, said[-3000:]
+
+
+# --- queued: real Kueue (beside the cluster, hack/devcluster/kueue.py) admits it ----------
+
+LOCAL_QUEUE = "e2e-queue"
+
+
+def _restart_operator(platform: Platform) -> None:
+    """A new operator pod: kopf looks up the kinds it watches (Kueue's Workloads) when it
+    starts."""
+    deployment = (f"deployment/{RELEASE}", f"--namespace={OPERATOR_NAMESPACE}")
+    platform.cluster.kubectl("rollout", "restart", *deployment)
+    platform.cluster.kubectl("rollout", "status", *deployment, "--timeout=120s")
+
+
+@pytest.fixture
+def local_queue(platform: Platform, operator: dict[str, Any], namespace_e2e: str) -> Iterator[str]:
+    """Kueue running, a ClusterQueue of one flavor for the real node and a LocalQueue in the
+    test's namespace, and the operator restarted to watch Workloads (and again afterwards)."""
+    if not isinstance(platform, DevPlatform):
+        pytest.skip("Kueue runs beside the dev cluster only (hack/devcluster)")
+    dev_cluster = load_dev_cluster()
+    try:
+        dev_cluster.built("kueue")
+    except dev_cluster.BuildError as error:
+        if not IN_CI:
+            pytest.skip(f"Kueue could not be built: {error}")
+        raise
+    queues = [
+        {"apiVersion": kueue.API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": "e2e"}},
+        {
+            "apiVersion": kueue.API_VERSION,
+            "kind": "ClusterQueue",
+            "metadata": {"name": "e2e"},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory"],
+                        "flavors": [
+                            {
+                                "name": "e2e",
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": 64},
+                                    {"name": "memory", "nominalQuota": "256Gi"},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": kueue.API_VERSION,
+            "kind": "LocalQueue",
+            "metadata": {"name": LOCAL_QUEUE, "namespace": namespace_e2e},
+            "spec": {"clusterQueue": "e2e"},
+        },
+    ]
+    try:
+        with dev_cluster.kueue.running(dev_cluster.running_state()):
+            items = {"apiVersion": "v1", "kind": "List", "items": queues}
+            platform.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(items))
+            _restart_operator(platform)
+            yield LOCAL_QUEUE
+    finally:
+        _restart_operator(platform)  # Workloads are no longer served
+
+
+def test_a_queued_mpi_job_is_admitted_and_trains(
+    platform: Platform, jobs: Jobs, local_queue: str
+) -> None:
+    require("MPI_PODS")
+    trainer = {**DIGITS, "model": "mlp", "epochs": 40, "targetAccuracy": 0.9, "patience": 2}
+    mpi = {"socketsPerNode": 1, "coresPerProcess": 1}
+    spec: dict[str, Any] = {"nodes": 2, "launcher": "mpi", "mpi": mpi, "trainer": trainer}
+    manifest = job_manifest("mpi-queued", **platform.job_spec(spec))
+    manifest["metadata"]["labels"] = {kueue.QUEUE_LABEL: local_queue}
+    jobs.create(manifest)
+    status = jobs.wait_phase("mpi-queued", "Succeeded", timeout=TRAINING_TIMEOUT)
+    assert status["restarts"] == 0, status.get("failure")
+    assert status["training"]["valAccuracy"] >= 0.9
+    suspended = next(c for c in status["conditions"] if c["type"] == "Suspended")
+    assert (suspended["status"], suspended["reason"]) == ("False", "Resumed")  # Kueue admitted it
+    job = load_job(jobs.get("mpi-queued"))
+    workload = workload_of(jobs, job)
+    assert [p["name"] for p in workload["spec"]["podSets"]] == ["launcher", "worker"]
+    wait_for(lambda: kueue.is_finished(workload_of(jobs, job)), "the Workload Finished", 30)
+
+
+def workload_of(jobs: Jobs, job: Any) -> dict[str, Any]:
+    found: dict[str, Any] = jobs.cluster.custom_objects.get_namespaced_custom_object(
+        kueue.GROUP, kueue.VERSION, jobs.namespace, kueue.WORKLOADS, kueue.workload_name(job)
+    )
+    return found

@@ -88,6 +88,7 @@ class FakeApi:
         if call.method == "PATCH" and call.path in self.jobs:
             job = self.jobs[call.path]
             job["spec"] = _merge(job["spec"], body.get("spec") or {})
+            job["metadata"] = _merge(job["metadata"], body.get("metadata") or {})
             return web.json_response(job)
         if call.method == "GET" and call.path in self.objects:
             return web.json_response(self.objects[call.path])

@@ -193,15 +193,12 @@ def test_render_and_operator_name_the_trainer_image_alike(
     assert "--trainer-image" in capsys.readouterr().out
 
 
-def test_render_refuses_what_the_operator_fails_an_mpi_job_with_a_queue(
+def test_render_takes_an_mpi_job_with_a_queue(
     capsys: pytest.CaptureFixture[str], write_job
 ) -> None:
     queued_mpi = BAR.replace(
         "  name: bar\n", "  name: bar\n  labels: {kueue.x-k8s.io/queue-name: team}\n"
     ).replace("nvidia, perNode: 8}", "gaudi, perNode: 8}\n  launcher: mpi")
-    code, objects, err = render(capsys, write_job(queued_mpi))
-    assert (code, objects) == (2, [])
-    assert (
-        "metadata.labels.kueue.x-k8s.io/queue-name: the label kueue.x-k8s.io/queue-name is " in err
-    )
-    assert "not supported with launcher mpi yet" in err
+    code, objects, _ = render(capsys, write_job(queued_mpi))
+    assert code == 0
+    assert "MPIJob" in {o["kind"] for o in objects}

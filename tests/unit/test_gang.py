@@ -153,3 +153,43 @@ def test_a_cluster_without_the_pod_group_kind_fails_the_job_saying_what_it_needs
     assert written["phase"] == "Failed"
     message = written["conditions"][0]["message"]
     assert message == "Invalid spec: " + gang.not_served(make_job(nodes=2, scheduling={"gang": {}}))
+
+
+@pytest.mark.parametrize(
+    ("gang_spec", "member_of"),
+    [
+        ({"scheduler": "coscheduling"}, ("labels", "scheduling.x-k8s.io/pod-group")),
+        ({"scheduler": "volcano"}, ("annotations", "scheduling.k8s.io/group-name")),
+    ],
+    ids=["coscheduling", "volcano"],
+)
+def test_mpi_gang_holds_the_launcher_and_the_workers(
+    gang_spec: dict[str, Any], member_of: tuple[str, str]
+) -> None:
+    job = make_job(nodes=3, launcher="mpi", accelerator=GPU, scheduling={"gang": gang_spec})
+    objects = build_children(job)
+    kinds = [o["kind"] for o in objects]
+    assert kinds.index("PodGroup") < kinds.index("MPIJob")  # the group exists before its pods
+    (group,) = [o for o in objects if o["kind"] == "PodGroup"]
+    (mpijob,) = [o for o in objects if o["kind"] == "MPIJob"]
+    assert group["spec"]["minMember"] == 4  # 3 workers and the launcher
+    # the launcher is created with the workers: the gang binds none of them without it
+    assert mpijob["spec"]["launcherCreationPolicy"] == "AtStartup"
+    where, key = member_of
+    for replica in ("Launcher", "Worker"):
+        template = mpijob["spec"]["mpiReplicaSpecs"][replica]["template"]
+        assert template["metadata"][where][key] == "bar"
+        assert (
+            template["spec"]["schedulerName"] == gang.KINDS[gang_spec["scheduler"]].scheduler_name
+        )
+    assert gang.describe(job) == "PodGroup bar (the launcher and 3 of 3 workers together)"
+
+
+def test_mpi_without_a_gang_waits_for_its_workers_before_the_launcher() -> None:
+    (mpijob,) = [
+        o for o in build_children(make_job(nodes=2, launcher="mpi")) if o["kind"] == "MPIJob"
+    ]
+    assert mpijob["spec"]["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert [
+        o for o in build_children(make_job(nodes=2, launcher="mpi")) if o["kind"] == "PodGroup"
+    ] == []

@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 
-from kube_ddp import kueue
+from kube_ddp import kueue, names
 from kube_ddp.api import DDPTrainingJob, JobStatus, load_job
-from kube_ddp.builders import BuildSettings, build_worker_pod, job_labels
+from kube_ddp.builders import BuildSettings, build_children, job_labels, kueue_pods
 from kube_ddp.controller import Controller
 from kube_ddp.kube import workload_path
 from kube_ddp.reasons import Reason
 from kube_ddp.status import decide
+from kube_ddp.status.views import MPIJobView
 from tests.unit.fake_api import FakeApi
 from tests.unit.support import job_document
 from tests.unit.test_controller import KEY, UID, job_body, run, start, written_statuses
@@ -38,8 +39,8 @@ def queued_job(
 
 
 def workload_for(job: DDPTrainingJob, priority: int | None = None) -> dict[str, Any]:
-    pod = build_worker_pod(job, 0, 0, BuildSettings())
-    workload = kueue.build_workload(job, pod, job_labels(job), priority)
+    pods = kueue_pods(job, BuildSettings())
+    workload = kueue.build_workload(job, pods, job_labels(job), priority)
     workload["metadata"]["resourceVersion"] = "7"
     return workload
 
@@ -313,16 +314,26 @@ def test_shell_applies_an_admission_and_starts_the_workers() -> None:
     assert JobStatus.model_validate(written_statuses(fake)[-1]).phase == "Pending"
 
 
-def test_shell_refuses_a_queued_mpi_job_without_creating_anything() -> None:
+def test_shell_queues_an_mpi_job_with_a_launcher_and_a_worker_pod_set() -> None:
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, queued_body(launcher="mpi"))
         await controller.reconcile(KEY)
 
     fake = run(scenario)
-    assert not fake.made("POST", "/workloads") and not fake.made("POST", "/mpijobs")
+    (created,) = fake.made("POST", "/workloads")
+    assert [(p["name"], p["count"]) for p in created.body["spec"]["podSets"]] == [
+        ("launcher", 1),
+        ("worker", 2),
+    ]
+    (patch,) = [c for c in fake.made("PATCH") if not c.path.endswith("/status")]
+    assert patch.body == {"spec": {"runPolicy": {"suspend": True}}}
     (written,) = written_statuses(fake)
-    assert written["phase"] == "Failed"
-    assert written["conditions"][0]["message"] == f"Invalid spec: {kueue.MPI_NOT_QUEUED}"
+    assert written["phase"] == "Suspended"
+    suspended = {c["type"]: c for c in written["conditions"]}["Suspended"]
+    assert suspended["reason"] == Reason.QUEUED
+    # created suspended, as for any suspended job: the MPI Operator starts no pod of it
+    (mpijob,) = fake.made("POST", "/mpijobs")
+    assert mpijob.body["spec"]["runPolicy"]["suspend"] is True
 
 
 def test_shell_fails_a_queued_job_where_kueue_is_not_installed() -> None:
@@ -383,3 +394,105 @@ def test_shell_fails_a_queued_job_when_workloads_are_not_watched() -> None:
     assert not fake.made("POST", "/workloads")
     (written,) = written_statuses(fake)
     assert written["conditions"][0]["message"] == f"Invalid spec: {kueue.NOT_SERVED}"
+
+
+# --- launcher mpi -------------------------------------------------------------------------
+
+MPI_GPU = {"nodes": 2, "launcher": "mpi", "accelerator": {"type": "nvidia", "perNode": 8}}
+CPU_FLAVOR = {"spec": {"nodeLabels": {"kubeddp.io/accelerator": "cpu"}}}
+MPI_ADMISSION = {
+    "clusterQueue": "cq",
+    "podSetAssignments": [
+        {"name": "launcher", "count": 1, "flavors": {"cpu": "cpu"}},
+        *ADMISSION["podSetAssignments"],
+    ],
+}
+
+
+def test_mpi_workload_has_the_launchers_and_the_workers_pod_sets() -> None:
+    job = queued_job(MPI_GPU)
+    launcher, worker = workload_for(job)["spec"]["podSets"]
+    assert (launcher["name"], launcher["count"], worker["name"], worker["count"]) == (
+        "launcher",
+        1,
+        "worker",
+        2,
+    )
+    (mpijob,) = [c for c in build_children(job) if c["kind"] == names.MPIJOB_KIND]
+    replicas = mpijob["spec"]["mpiReplicaSpecs"]
+    # each pod set is its MPIJob template: the launcher asks for no GPU, a worker for 8
+    assert launcher["template"]["spec"] == replicas["Launcher"]["template"]["spec"]
+    assert worker["template"]["spec"] == replicas["Worker"]["template"]["spec"]
+    requests = worker["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert requests["nvidia.com/gpu"] == 8
+    assert "resources" not in launcher["template"]["spec"]["containers"][0]
+
+
+def test_mpi_admission_places_each_pod_set_by_its_own_flavor() -> None:
+    job = queued_job({**MPI_GPU, "runPolicy": {"suspend": True}})
+    workload = with_status(workload_for(job), admission=MPI_ADMISSION, conditions=ADMITTED)
+    flavors = {"nvidia": NVIDIA_FLAVOR, "cpu": CPU_FLAVOR}
+    assert kueue.all_assigned_flavors(workload) == ["cpu", "nvidia"]
+    step = kueue.plan(job, workload, flavors, False, NOW)
+    assert step.job_patch is not None
+    assert step.job_patch["spec"]["template"]["nodeSelector"] == {
+        "kubeddp.io/accelerator": "nvidia"
+    }
+    placement = step.job_patch["metadata"]["annotations"][names.LAUNCHER_PLACEMENT_ANNOTATION]
+    assert json.loads(placement) == {
+        "nodeSelector": {"kubeddp.io/accelerator": "cpu"},
+        "tolerations": [],
+    }
+    # the job as the patch leaves it: each MPIJob template with its own pod set's flavor
+    document = job_document(MPI_GPU)
+    document["metadata"]["annotations"] = {names.LAUNCHER_PLACEMENT_ANNOTATION: placement}
+    document["spec"]["template"] = {
+        "nodeSelector": {"kubeddp.io/accelerator": "nvidia"},
+        "tolerations": NVIDIA_FLAVOR["spec"]["tolerations"],
+    }
+    (mpijob,) = [c for c in build_children(load_job(document)) if c["kind"] == names.MPIJOB_KIND]
+    replicas = mpijob["spec"]["mpiReplicaSpecs"]
+    launcher, worker = (replicas[r]["template"]["spec"] for r in ("Launcher", "Worker"))
+    assert launcher["nodeSelector"] == {"kubeddp.io/accelerator": "cpu"}
+    assert "tolerations" not in launcher
+    assert worker["nodeSelector"] == {"kubeddp.io/accelerator": "nvidia"}
+    assert NVIDIA_FLAVOR["spec"]["tolerations"][0] in worker["tolerations"]
+
+
+def test_mpi_readmission_replaces_the_former_flavors_on_the_mpijob() -> None:
+    # Evicted from flavor a (its selectors still on the job), readmitted to flavor b: the
+    # suspended MPIJob resumes with b's, in both templates.
+    body = queued_body(
+        launcher="mpi", runPolicy={"suspend": True}, template={"nodeSelector": {"pool": "a"}}
+    )
+    former = json.dumps({"nodeSelector": {"pool": "a"}, "tolerations": []})
+    body["metadata"]["annotations"] = {names.LAUNCHER_PLACEMENT_ANNOTATION: former}
+    body["status"] = {"phase": "Suspended"}
+    job = load_job(body)
+    workload = workload_for(job)
+    workload["metadata"]["annotations"][kueue.TEMPLATE_ANNOTATION] = json.dumps({})
+    admission = {
+        "clusterQueue": "cq",
+        "podSetAssignments": [
+            {"name": "launcher", "count": 1, "flavors": {"cpu": "b"}},
+            {"name": "worker", "count": 2, "flavors": {"cpu": "b"}},
+        ],
+    }
+    fake = FakeApi()
+    fake.objects[workload_path("ns1", kueue.workload_name(job))] = with_status(
+        workload, admission=admission, conditions=ADMITTED
+    )
+    fake.objects[kueue.flavor_path("b")] = {"spec": {"nodeLabels": {"pool": "b"}}}
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, body)
+        controller.mpijobs[KEY] = MPIJobView(name="bar", attempt=0, suspended=True)
+        await controller.reconcile(KEY)
+
+    run(scenario, fake)
+    (resume,) = fake.made("PATCH", "/mpijobs/")
+    ops = {op["path"]: op["value"] for op in resume.body}
+    assert ops["/spec/runPolicy/suspend"] is False
+    for replica in ("Launcher", "Worker"):
+        path = f"/spec/mpiReplicaSpecs/{replica}/template/spec/nodeSelector"
+        assert ops[path] == {"pool": "b"}  # a's key gone

@@ -76,7 +76,7 @@ def decide(
     )
     draft.update(observed_generation=job.metadata.generation)
     if job.spec.launcher == "mpi":
-        decide_mpi(draft, job, mpijob, list(pods), set(expected))
+        decide_mpi(draft, job, mpijob, list(pods), set(expected), suspended_by)
     else:
         decide_torchrun(draft, job, list(pods), expected, suspended_by)
     return draft.decision()

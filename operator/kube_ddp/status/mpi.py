@@ -55,6 +55,7 @@ def decide_mpi(
     mpijob: MPIJobView | None,
     pods: list[PodView],
     expected: set[str],
+    suspended_by: tuple[str, str] | None = None,
 ) -> None:
     status = draft.status
     attempt = status.restarts
@@ -80,7 +81,7 @@ def decide_mpi(
         if job.name in expected:
             return  # created; the watch has not shown it yet
         if not_created(status):
-            _create_mpijob(draft, job, attempt)
+            _create_mpijob(draft, job, attempt, suspended_by)
             return
         vanished = WorkerFailure(
             pod=job.name, reason=PodReason.DELETED, message="the MPIJob was deleted", launcher=True
@@ -91,7 +92,7 @@ def decide_mpi(
     if mpijob.suspended != policy.suspend:
         draft.actions.append(SuspendMPIJob(mpijob.name, suspend=policy.suspend))
     if policy.suspend:
-        suspend(draft, [])
+        suspend(draft, [], suspended_by)
         return
     if status.phase == "Suspended":
         _resume(draft, job)
@@ -117,13 +118,15 @@ def decide_mpi(
         )
 
 
-def _create_mpijob(draft: Draft, job: DDPTrainingJob, attempt: int) -> None:
+def _create_mpijob(
+    draft: Draft, job: DDPTrainingJob, attempt: int, suspended_by: tuple[str, str] | None
+) -> None:
     """Create the attempt's MPIJob (suspended when the job is: its pods then wait)."""
     draft.actions.append(CreateWorkers(attempt=attempt, indices=()))
     message = f"Created the MPIJob (attempt {attempt}); the MPI Operator runs its pods"
     draft.condition("Created", "True", Reason.MPIJOB_CREATED, message)
     if job.spec.run_policy.suspend:
-        suspend(draft, [])
+        suspend(draft, [], suspended_by)
         return
     if draft.status.start_time is None:
         draft.update(start_time=draft.now)
