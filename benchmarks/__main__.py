@@ -11,7 +11,7 @@ from benchmarks.markdown import replace_section
 
 DOCUMENT = Path(__file__).resolve().parents[1] / "docs" / "BENCHMARKS.md"
 # name -> module of this package, in the order `all` runs them; each section is named after it.
-BENCHMARKS = {"trainer": "trainer", "operator": "operator_bench"}
+BENCHMARKS = {"trainer": "trainer", "checkpoint": "checkpoint_cost", "operator": "operator_bench"}
 
 
 def main(argv: list[str] | None = None) -> int:

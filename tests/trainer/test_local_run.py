@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ddp_trainer.contract import EXIT_STORAGE
+from ddp_trainer.contract import EXIT_PREEMPTED, EXIT_STORAGE
 from tests.trainer import support
 
 KUBE_DDP = str(Path(sys.executable).parent / "kube-ddp")
@@ -192,3 +193,48 @@ def test_the_own_script_example_runs_under_torchrun_started_by_kube_ddp() -> Non
     assert "done: 200 steps on 4 ranks" in done.stdout
     assert summary_value(done.stderr, "phase") == "Succeeded"
     assert summary_value(done.stderr, "epochs") == "2/2"  # its one `report` line
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_next_run_resumes_from_it(tmp_path: Path) -> None:
+    """Ctrl-C to `kube-ddp run --local`: its workers get SIGTERM, as a suspended job's pods
+    do, agree on a step, save it and exit 86; the runner says where; the same command again
+    resumes there."""
+    trainer = {**DIGITS, "epochs": 300, "checkpointDir": str(tmp_path / "checkpoints")}
+    document = {
+        "apiVersion": "kubeddp.io/v1alpha1",
+        "kind": "DDPTrainingJob",
+        "metadata": {"name": "digits"},
+        "spec": {"nodes": 2, "trainer": trainer},
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(document))
+
+    def interrupted_once(started_when: str) -> tuple[str, str, str]:
+        """Run the job, Ctrl-C once a line of its output holds `started_when`."""
+        runner = subprocess.Popen(
+            [KUBE_DDP, "run", "--local", str(path)],
+            env=support.clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert runner.stdout is not None
+        seen = next((line for line in runner.stdout if started_when in line), "")
+        runner.send_signal(signal.SIGINT)
+        try:
+            rest, stderr = runner.communicate(timeout=support.RUN_TIMEOUT_S)
+        finally:
+            runner.kill()
+        assert runner.returncode == 130, stderr[-3000:]
+        return seen, rest, stderr
+
+    _, _, stderr = interrupted_once("[worker-0] {")  # after its first epoch
+    said = re.search(r"the job stopped with a checkpoint at step (\d+): running it again", stderr)
+    assert said, stderr[-3000:]
+    step = int(said.group(1))
+    assert step > 0
+    for worker in ("digits-worker-0", "digits-worker-1"):  # the summary's table
+        assert re.search(rf"{worker}\s+0\s+\d+\s+{EXIT_PREEMPTED}\s+stopped", stderr), stderr
+
+    resumed, _, _ = interrupted_once("resuming at step")
+    assert f"resuming at step {step} " in resumed, resumed

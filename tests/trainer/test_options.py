@@ -27,6 +27,7 @@ def _non_default(name: str) -> Any:
         "warmup_epochs": 0.5,
         "bucket_cap_mb": 100.0,
         "weight_decay": 0.0001,
+        "checkpoint_every_steps": 500,
     }
     if name in special:
         return special[name]

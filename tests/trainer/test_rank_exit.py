@@ -3,7 +3,6 @@ in front of its ranks) exits as the rank that failed first did, where torchrun i
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,17 +32,7 @@ dist.barrier()
 
 
 def wrapped_torchrun(script: Path, how: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "ddp_trainer.torchrun",
-        "--standalone",
-        "--nproc-per-node=2",
-        "--max-restarts=0",
-        "--monitor-interval=0.2",
-        str(script),
-        how,
-    ]
+    return support.wrapped_torchrun_command(str(script), how)
 
 
 @pytest.mark.parametrize(

@@ -309,7 +309,37 @@ def test_a_plain_pytorch_script_reports_with_the_helper_from_rank_0_only(
 def test_the_helper_does_nothing_outside_kube_ddp(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBEDDP_JOB_NAME", raising=False)
     progress._heartbeat.cache_clear()
+    progress._reporter.cache_clear()
     assert progress.report(0, 1, 10, 0.5, epochs=1) is False
+    assert progress.report_checkpoint(10, 0, 0.1) is False
+
+
+def test_a_saved_checkpoint_is_reported_under_the_names_the_api_has(
+    api_server: FakeApiServer, token_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """status.training.checkpoint {step, epoch, savedAt, saveSeconds} and resumedFromStep,
+    as the trainer's rank 0 sends them (the same function builds both)."""
+    for name, value in {
+        "KUBEDDP_JOB_NAME": "mnist",
+        "KUBEDDP_JOB_NAMESPACE": "team-a",
+        "KUBEDDP_API_SERVER": api_server.url,
+        "KUBEDDP_TOKEN_FILE": str(token_file),
+        "RANK": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+    progress._reporter.cache_clear()
+    try:
+        assert progress.report_checkpoint(1200, 3, 0.4567, resumed_from_step=400)
+    finally:
+        progress._reporter.cache_clear()
+    (request,) = api_server.requests
+    training = request["body"]["status"]["training"]
+    saved_at = training["checkpoint"].pop("savedAt")
+    assert training == {
+        "checkpoint": {"step": 1200, "epoch": 3, "saveSeconds": 0.457},
+        "resumedFromStep": 400,
+    }
+    datetime.strptime(saved_at, "%Y-%m-%dT%H:%M:%SZ")
 
 
 HANGING_SCRIPT = """\

@@ -125,8 +125,9 @@ def test_a_killed_run_resumes_at_the_next_epoch_and_skips_a_partial_checkpoint(
     assert killed.returncode != 0  # SIGKILLed after epoch 2's checkpoint
     assert [line["epoch"] for line in killed.epochs] == [1, 2]
     # What a writer killed mid-copy by something less careful than os.replace would leave:
-    epoch_two = (checkpoints / "checkpoint-epoch-00002.pt").read_bytes()
-    (checkpoints / "checkpoint-epoch-00003.pt").write_bytes(epoch_two[: len(epoch_two) // 2])
+    epoch_two = sorted(checkpoints.glob("checkpoint-step-*.pt"))[-1].read_bytes()
+    later = checkpoints / "checkpoint-step-9999999999.pt"
+    later.write_bytes(epoch_two[: len(epoch_two) // 2])
 
     resumed = support.run(
         support.trainer_command(
@@ -135,7 +136,7 @@ def test_a_killed_run_resumes_at_the_next_epoch_and_skips_a_partial_checkpoint(
         crash_env,
     ).check()
     assert "skipping unreadable checkpoint" in resumed.stderr
-    assert "checkpoint-epoch-00003.pt" in resumed.stderr
+    assert later.name in resumed.stderr
     assert [line["epoch"] for line in resumed.epochs] == [3, 4]
     summary = support.summary(tmp_path / "s.json")
     assert summary["resumed_from_epoch"] == 2

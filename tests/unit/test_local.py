@@ -419,7 +419,8 @@ def test_ctrl_c_stops_every_process_it_started(
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 130, stderr
-    assert "interrupted: stopped every worker process it started (bar-worker-0 (pid" in stderr
+    assert "interrupted: SIGTERM to every worker" in stderr
+    assert "stopped every worker process it started (bar-worker-0 (pid" in stderr
     assert "Traceback" not in stderr
     assert [pid for pid in pids if alive(pid)] == []  # workers and their children
 

@@ -3,7 +3,8 @@
 Exit codes (`ddp_trainer.contract`, read by the operator's failure rules): 0 training
 completed (or reached --target-accuracy), 1 bad data, model or checkpoint, 2 invalid options,
 75 a download failed (retried), 78 a path cannot be used (permissions, full disk, missing: fix
-the job's volumes), 88 a collective timed out or a peer went away (retried). Each is one line
+the job's volumes), 86 stopped on SIGTERM after saving a checkpoint (resumed, not a failure),
+88 a collective timed out or a peer went away (retried). Each is one line
 naming what and how to fix it; a traceback only for bugs.
 """
 
@@ -11,25 +12,33 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 
+from ddp_trainer.contract import EXIT_PREEMPTED
 from ddp_trainer.errors import TrainerError, exit_peer_lost, is_peer_lost, storage_error
 from ddp_trainer.options import parse_argv
+from ddp_trainer.preemption import Preemption
 
 PROG = "ddp-train"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_argv(argv, prog=PROG)  # exits 2 on a bad option, before torch is imported
+    # SIGTERM from here on exits 86; once training runs, after a checkpoint at an agreed step.
+    preemption = Preemption(options.stop_check_steps, timedelta(seconds=options.timeout_seconds))
     try:
         from torch.distributed.elastic.multiprocessing.errors import record
 
-        from ddp_trainer.train import run
+        from ddp_trainer.train import PreemptedError, run
     except ModuleNotFoundError as exc:
         print(f"{PROG}: error: {exc}; install ddp-trainer[torch]", file=sys.stderr)
         return 1
     try:
         # record: under torchrun, the failure lands in the error file its summary shows.
-        record(run)(options)
+        record(run)(options, preemption)
+    except PreemptedError as exc:
+        print(f"{PROG}: {exc}: exiting {EXIT_PREEMPTED} (resume, not a failure)", file=sys.stderr)
+        return EXIT_PREEMPTED
     except TrainerError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -25,6 +25,10 @@ LrSchedule = Literal["cosine", "constant"]
 GradCompression = Literal["none", "fp16", "bf16"]
 WrnDepth = Literal[10, 16, 22, 28, 34, 40]
 
+# A failure at a random moment redoes half of this on average; the save itself runs beside
+# training (docs/BENCHMARKS.md measures what it costs).
+DEFAULT_CHECKPOINT_SECONDS = 300.0
+
 
 class TrainerOptions(BaseModel):
     """Options of the generic DDP trainer (`python -m ddp_trainer --help`)."""
@@ -154,6 +158,25 @@ class TrainerOptions(BaseModel):
         "newest valid one.",
     )
     checkpoint_every: int = Field(1, ge=1, description="Save a checkpoint every N epochs.")
+    checkpoint_every_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Also save a checkpoint every N training steps (global steps, counted "
+        "across epochs); resuming from one continues mid-epoch with the same batches.",
+    )
+    checkpoint_every_seconds: float = Field(
+        DEFAULT_CHECKPOINT_SECONDS,
+        ge=0,
+        description="Also save a checkpoint once this many seconds have passed since the last "
+        "one, at the next step the ranks agree on; 0: never.",
+    )
+    stop_check_steps: int = Field(
+        1,
+        ge=1,
+        description="Every N steps the ranks agree whether one got SIGTERM (a suspend, an "
+        "eviction, a drain) or a timed checkpoint is due: one all-reduce of two numbers on a "
+        "CPU group. On SIGTERM rank 0 saves at the agreed step and every rank exits 86.",
+    )
     keep_checkpoints: int = Field(3, ge=1, description="Checkpoints kept; older ones are removed.")
     summary_file: str | None = Field(
         None, description="Write the final metrics as JSON to this file (rank 0)."

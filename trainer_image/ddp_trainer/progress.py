@@ -1,5 +1,5 @@
 """What rank 0 shows: a progress bar on a terminal, one JSON line per epoch, the summary file;
-and `report`, the progress of a program of the user's own."""
+and `report` and `report_checkpoint`, the progress of a program of the user's own."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import SupportsFloat, TextIO
 
 from ddp_trainer import contract, culprit
 from ddp_trainer.errors import exit_peer_lost, is_peer_lost, storage
-from ddp_trainer.report import Heartbeat, StatusReporter
+from ddp_trainer.report import Heartbeat, StatusReporter, checkpoint_fields, now_utc
 
 
 @dataclass(frozen=True)
@@ -129,13 +129,37 @@ def report(
     return heartbeat.send(epoch + 1, 0, loss, final=epoch + 1 >= epochs)
 
 
+def report_checkpoint(step: int, epoch: int, seconds: float, *, resumed_from_step: int = 0) -> bool:
+    """Tell kube-ddp that rank 0 saved a checkpoint after global step `step` (in epoch
+    `epoch`, taking `seconds`), and from which step this run resumed (0: a fresh start): the
+    job's status.training.checkpoint and resumedFromStep, as the trainer reports them. On
+    other ranks and outside kube-ddp it does nothing; True when a report was accepted."""
+    reporter = _reporter()
+    if reporter is None:
+        return False
+    fields = checkpoint_fields(
+        step=step,
+        epoch=epoch,
+        saved_at=now_utc(),
+        seconds=seconds,
+        resumed_from_step=resumed_from_step,
+    )
+    return reporter.report({"status": {"training": fields}})
+
+
+@functools.cache
+def _reporter() -> StatusReporter | None:
+    """Rank 0's reporter of a job kube-ddp runs, else None."""
+    if os.environ.get(contract.RANK, "0") != "0":
+        return None
+    return StatusReporter.from_env(os.environ)
+
+
 @functools.cache
 def _heartbeat(epochs: int, steps_per_epoch: int) -> Heartbeat | None:
     """This process's heartbeat, made on the first report (None: not rank 0 of a job kube-ddp
     runs)."""
-    if os.environ.get(contract.RANK, "0") != "0":
-        return None
-    reporter = StatusReporter.from_env(os.environ)
+    reporter = _reporter()
     if reporter is None:
         return None
     every = Heartbeat.every_from_env(os.environ)

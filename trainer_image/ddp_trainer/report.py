@@ -68,6 +68,23 @@ def training_patch(
     return {"status": {"training": training}}
 
 
+def checkpoint_fields(
+    *, step: int, epoch: int, saved_at: datetime, seconds: float, resumed_from_step: int
+) -> dict[str, Any]:
+    """status.training's `checkpoint` (the newest completed save: its global step, epoch, time
+    and how long it took) and `resumedFromStep` (where this attempt started; 0 for a fresh
+    start)."""
+    return {
+        "checkpoint": {
+            "step": step,
+            "epoch": epoch,
+            "savedAt": stamp(saved_at),
+            "saveSeconds": round(seconds, 3),
+        },
+        "resumedFromStep": resumed_from_step,
+    }
+
+
 def position_fields(
     *, epoch: int, epochs: int, step: int, steps_per_epoch: int, remaining_seconds: float | None
 ) -> dict[str, Any]:

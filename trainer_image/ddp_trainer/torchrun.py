@@ -6,6 +6,12 @@ own `main` in this process and, when a rank failed, exits with the exit code of 
 failure caused the others, or 128 + the signal that killed it, as a shell reports a child of its
 own. The operator's failure rules then judge the rank's own end (docs/design.md, "Failure
 rules").
+
+SIGTERM to this process (the kubelet stopping the pod) is passed on to the ranks by torchrun,
+which then waits for them: the trainer's ranks save a checkpoint and exit 86
+(contract.EXIT_PREEMPTED), and so does this process when every rank did, not 143. The
+wait is as long as the ranks take (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, unless set, is an hour):
+the pod's grace period is the limit that counts.
 Standard library and torch only: it runs in any image that has both and this package.
 """
 
@@ -14,15 +20,17 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ddp_trainer.contract import EXIT_PEER_LOST
+from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 PROG = "ddp_trainer.torchrun"
 SIGNALLED = 128  # a process killed by signal n ends as 128 + n, as the kubelet reports it
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+SHUTDOWN_TIMEOUT_S = 3600  # torchrun's own default, 30 s, would SIGKILL a rank mid-save
 
 
 def cause(failures: Mapping[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
@@ -63,10 +71,14 @@ def how_it_ended(rank_exit: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
+    os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, str(SHUTDOWN_TIMEOUT_S))
+    stopped = _record_how_stopped_ranks_ended()
     try:
         torchrun(list(sys.argv[1:] if argv is None else argv))
     except ChildFailedError as exc:
@@ -86,8 +98,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return code
     except SignalException as exc:  # torchrun itself was told to stop (the pod is deleted)
+        if stopped and all(code == EXIT_PREEMPTED for code in stopped):
+            print(
+                f"{PROG}: stopped by {signal.Signals(exc.sigval).name}; every local rank "
+                f"exited {EXIT_PREEMPTED} (preempted, saved): exiting {EXIT_PREEMPTED}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return EXIT_PREEMPTED
         return SIGNALLED + int(exc.sigval)
     return 0
+
+
+def _record_how_stopped_ranks_ended() -> list[int]:
+    """The exit codes of the ranks torchrun stopped on a signal, once it has: torchrun keeps
+    them to itself, so its (private) SubprocessContext._close is wrapped to read them. Empty
+    where this torch has no such method: the pod then ends as 128 + the signal."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    context = getattr(api, "SubprocessContext", None)
+    close = getattr(context, "_close", None)
+    codes: list[int] = []
+    if context is None or close is None:
+        return codes
+
+    def close_and_record(self: Any, *args: Any, **kwargs: Any) -> None:
+        close(self, *args, **kwargs)
+        handlers = getattr(self, "subprocess_handlers", None) or {}
+        codes[:] = [handler.proc.returncode for handler in handlers.values()]
+
+    context._close = close_and_record
+    return codes
 
 
 if __name__ == "__main__":

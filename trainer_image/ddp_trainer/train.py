@@ -40,11 +40,18 @@ from ddp_trainer.batches import (
 )
 from ddp_trainer.datasets import Splits, download_dataset, load_dataset
 from ddp_trainer.errors import TrainerError, is_peer_lost
-from ddp_trainer.fault_injection import crash_once_if_asked, hang_if_asked
+from ddp_trainer.fault_injection import BatchLog, crash_once_if_asked, hang_if_asked
 from ddp_trainer.models import build_model
 from ddp_trainer.options import TrainerOptions
+from ddp_trainer.preemption import Preemption
 from ddp_trainer.progress import EpochMetrics, ProgressBar, Summary, epoch_line, write_summary
-from ddp_trainer.report import Heartbeat, StatusReporter, now_utc, training_patch
+from ddp_trainer.report import (
+    Heartbeat,
+    StatusReporter,
+    checkpoint_fields,
+    now_utc,
+    training_patch,
+)
 
 log = logging.getLogger("ddp_trainer")
 
@@ -57,18 +64,51 @@ DOWNLOAD_TIMEOUT = timedelta(hours=1)  # the wait for local rank 0's download, n
 warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
 
 
-def run(options: TrainerOptions) -> Summary:
-    """Train as one rank of whatever launched this process."""
-    recipe = Recipe(options)
+def run(options: TrainerOptions, preemption: Preemption | None = None) -> Summary:
+    """Train as one rank of whatever launched this process; SIGTERM stops it at an agreed
+    step (`PreemptedError`) once `preemption` (made here when not given) is in place."""
+    recipe = Recipe(options, preemption)
+    stopped_cleanly = False
     try:
         recipe.setup()
-        return recipe.train()
+        summary = recipe.train()
+        stopped_cleanly = True
+        return summary
+    except PreemptedError:
+        stopped_cleanly = True
+        raise
     except Exception as exc:
         if is_peer_lost(exc):
             recipe.name_the_culprit()
         raise
     finally:
-        recipe.cleanup()
+        recipe.cleanup(stopped_cleanly)
+
+
+class PreemptedError(Exception):
+    """SIGTERM: every rank stopped after the same step, rank 0 saved it (with a checkpoint
+    directory); the process exits contract.EXIT_PREEMPTED."""
+
+    def __init__(self, step: int, saved: bool) -> None:
+        self.step = step
+        self.saved = saved
+        super().__init__(
+            f"stopped on SIGTERM after step {step}"
+            + (f", checkpoint saved at step {step}" if saved else ", no checkpointDir to save to")
+        )
+
+
+@dataclasses.dataclass
+class InEpoch:
+    """Where a checkpoint taken within an epoch stands: the steps of `epoch` done, and the
+    all-reduced sums of those steps, so the resumed epoch reports what an uninterrupted one
+    would."""
+
+    epoch: int
+    step: int
+    loss_sum: float
+    images: float
+    seconds: float
 
 
 @dataclasses.dataclass
@@ -113,6 +153,11 @@ class Recipe:
     backend: str  # "none" when not distributed
     progress: Progress
     resumed_from: int | None  # the epoch a checkpoint restored
+    resumed_from_step: int  # the global step a checkpoint restored; 0 for a fresh start
+    global_step: int  # training steps done, counted across epochs
+    in_epoch: InEpoch | None  # the position a mid-epoch checkpoint restored, until used
+    preemption: Preemption
+    batch_log: BatchLog | None
     epoch_timings: list[tuple[float, float]]  # (images, seconds) per epoch run
     # Set by setup().
     train_size: int
@@ -134,8 +179,12 @@ class Recipe:
     heartbeat: Heartbeat | None  # rank 0's progress within an epoch
     bar: ProgressBar
     ledger: culprit.Ledger | None = None  # this rank's progress in the group's store
+    saver: checkpoint.Saver | None = None  # rank 0's, with a checkpoint directory
+    reported_save: checkpoint.Saved | None = None
+    last_save_at: float  # monotonic
+    timed_save_asked: bool = False  # rank 0 asked the others for a timed save, not yet made
 
-    def __init__(self, options: TrainerOptions) -> None:
+    def __init__(self, options: TrainerOptions, preemption: Preemption | None = None) -> None:
         self.options = options
         self.world = world = distributed.discover_world(os.environ)
         distributed.export_world(world, os.environ)
@@ -149,7 +198,14 @@ class Recipe:
         )
         self.progress = Progress()
         self.resumed_from = None
+        self.resumed_from_step = self.global_step = 0
+        self.in_epoch = None
         self.epoch_timings = []
+        # Before the process group: a SIGTERM until then exits at once.
+        self.preemption = preemption or Preemption(
+            options.stop_check_steps, timedelta(seconds=options.timeout_seconds)
+        )
+        self.batch_log = BatchLog.from_env(os.environ, world.rank)
         log.info(
             "rank=%d world_size=%d local_rank=%d local_world_size=%d node_rank=%d launcher=%s "
             "backend=%s device=%s",
@@ -181,10 +237,14 @@ class Recipe:
         splits = self._setup_data()
         self._setup_model(splits)
         self._setup_optimizer()
-        self._resume()  # before DDP wraps the model: DDP then broadcasts rank 0's weights
-        self._wrap()
         shard = math.ceil(self.train_size / self.world.world_size)
         self.steps_per_epoch = math.ceil(shard / options.batch_size)
+        self._resume()  # before DDP wraps the model: DDP then broadcasts rank 0's weights
+        self._wrap()
+        if options.checkpoint_dir and self.world.is_main:
+            store = checkpoint.DirectoryStore(Path(options.checkpoint_dir))
+            self.saver = checkpoint.Saver(store, options.keep_checkpoints, now_utc)
+        self.last_save_at = time.monotonic()
         self.reporter = None
         if self.world.is_main and options.report_progress:
             self.reporter = StatusReporter.from_env(os.environ)
@@ -285,7 +345,8 @@ class Recipe:
             return
         found = None
         if self.world.is_main:
-            found = checkpoint.load_latest_checkpoint(Path(self.options.checkpoint_dir))
+            store = checkpoint.DirectoryStore(Path(self.options.checkpoint_dir))
+            found = checkpoint.load_latest_checkpoint(store)
         if self.world.distributed:
             # Sent, not re-read: other nodes need not share the checkpoint volume.
             box = [found]
@@ -309,8 +370,19 @@ class Recipe:
         if self.device.type == "cuda" and "cuda" in state["rng"]:
             torch.cuda.set_rng_state(state["rng"]["cuda"])
         self.resumed_from = self.progress.epoch
+        # Checkpoints of earlier versions hold no step: they were taken at an epoch's end.
+        self.global_step = state.get("step", self.progress.epoch * self.steps_per_epoch)
+        self.resumed_from_step = self.global_step
+        if state.get("in_epoch"):
+            self.in_epoch = InEpoch(**state["in_epoch"])
         if self.world.is_main:
-            log.info("resuming after epoch %d from %s", self.progress.epoch, path)
+            log.info(
+                "resuming at step %d (epoch %d, step %d of it) from %s",
+                self.global_step,
+                self.progress.epoch + 1,
+                self.in_epoch.step if self.in_epoch else 0,
+                path,
+            )
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -324,23 +396,30 @@ class Recipe:
             if options.checkpoint_dir and (
                 epoch % options.checkpoint_every == 0 or self.finished()
             ):
-                self.save_checkpoint()
+                self.save_checkpoint(None, wait=self.finished())
             if self.world.is_main:
                 self.bar.clear()
                 print(epoch_line(metrics), flush=True)
                 self.report(metrics)
-            crash_once_if_asked(epoch, self.world.rank, self.world.world_size, os.environ)
+            crash_once_if_asked(
+                epoch, self.world.rank, self.world.world_size, os.environ, self.wait_for_save
+            )
             hang_if_asked(epoch, self.world.rank, self.world.world_size, os.environ)
         return self.finish()
 
     def run_epoch(self, epoch: int) -> EpochMetrics:
         started = time.perf_counter()
+        carried, self.in_epoch = self.in_epoch, None
+        if carried is not None and carried.epoch != epoch:
+            carried = None
         shard = train_shard(
             self.train_size, self.world.rank, self.world.world_size, epoch, self.options.seed
         )
-        train_loss_sum, images = self.train_epoch(epoch, self.train_batches(shard))
+        done = carried.step if carried else 0  # the same shuffle, minus the batches trained
+        shard = shard[done * self.options.batch_size :]
+        train_loss_sum, images = self.train_epoch(epoch, self.train_batches(shard), carried)
         distributed.synchronize(self.device)
-        train_seconds = time.perf_counter() - started
+        train_seconds = time.perf_counter() - started + (carried.seconds if carried else 0.0)
 
         self.sync_buffers()
         val_correct, val_count, val_loss_sum = self.evaluate(
@@ -368,18 +447,29 @@ class Recipe:
         )
 
     def train_epoch(
-        self, epoch: int, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+        self,
+        epoch: int,
+        batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+        carried: InEpoch | None = None,
     ) -> tuple[torch.Tensor, int]:
-        """One pass over this rank's shard; returns the summed loss (on device) and images."""
+        """One pass over this rank's shard (what is left of it after a mid-epoch resume);
+        returns the summed loss (on device) and images, rank 0's with the `carried` sums of
+        the steps before the resume."""
         self.step_model.train()
         loss_sum = torch.zeros((), device=self.device)
         seen = 0
+        done = 0
+        if carried is not None:
+            done = carried.step
+            if self.world.is_main:  # the sums of all ranks, counted once
+                loss_sum += carried.loss_sum
+                seen = round(carried.images)
         first_step = (epoch - 1) * self.steps_per_epoch
-        augment_generator = self._augment_generator(epoch)
         started = time.perf_counter()
-        for step, (images, labels) in enumerate(batches):
+        for step, (images, labels) in enumerate(batches, start=done):
             self.set_lr(first_step + step)
             x = self.device_layout(images)
+            augment_generator = self._augment_generator(first_step + step)
             if augment_generator is not None:
                 x = augment(x, self.flip_images, augment_generator)
             with self.autocast():
@@ -396,12 +486,53 @@ class Recipe:
             self.mark_step()
             loss_sum += loss.detach().float() * len(labels)  # stays on the device: no sync
             seen += len(labels)
+            self.global_step = first_step + step + 1
+            if self.batch_log is not None:
+                self.batch_log.step(self.global_step, images, labels, loss)
             self.bar.update(epoch, self.options.epochs, step + 1, self.steps_per_epoch, started)
             if self.heartbeat is not None:
                 self.heartbeat.beat(epoch - 1, step + 1)
             if self.ledger is not None:
-                self.ledger.step = first_step + step + 1
+                self.ledger.step = self.global_step
+            elapsed = time.perf_counter() - started
+            self.after_step(
+                epoch, step + 1, loss_sum, seen, elapsed + (carried.seconds if carried else 0.0)
+            )
         return loss_sum, seen
+
+    def after_step(
+        self, epoch: int, step: int, loss_sum: torch.Tensor, seen: int, seconds: float
+    ) -> None:
+        """A checkpoint by steps or time, or the stop SIGTERM asked for, at a step every rank
+        agrees on; `step` steps of `epoch` are done."""
+        options = self.options
+        timed_due = (
+            self.saver is not None
+            and not self.timed_save_asked
+            and options.checkpoint_every_seconds > 0
+            and time.monotonic() - self.last_save_at >= options.checkpoint_every_seconds
+        )
+        self.timed_save_asked |= timed_due
+        stop, timed = self.preemption.agree(timed_due)
+        by_steps = (
+            options.checkpoint_every_steps is not None
+            and self.global_step % options.checkpoint_every_steps == 0
+        )
+        if options.checkpoint_dir and (stop or timed or by_steps):
+            loss_all, images_all = self.all_reduce_sum(
+                torch.stack([loss_sum.float(), torch.tensor(float(seen), device=self.device)])
+            )
+            self.save_checkpoint(InEpoch(epoch, step, loss_all, images_all, seconds), wait=stop)
+        if self.saver is not None and self.saver.last is not self.reported_save:
+            self.report_checkpoint()
+        rank, world_size = self.world.rank, self.world.world_size
+        crash_once_if_asked(
+            epoch, rank, world_size, os.environ, self.wait_for_save, step=self.global_step
+        )
+        if stop:
+            if self.world.distributed:
+                dist.barrier()  # no rank leaves before rank 0 has saved
+            raise PreemptedError(self.global_step, saved=bool(options.checkpoint_dir))
 
     @torch.no_grad()
     def evaluate(
@@ -444,14 +575,19 @@ class Recipe:
     def finished(self) -> bool:
         return self.progress.stopped_early or self.progress.epoch >= self.options.epochs
 
-    def save_checkpoint(self) -> None:
-        """Rank 0 writes; everyone waits, so the file exists before anyone goes on (or dies)."""
-        if self.world.is_main:
+    def save_checkpoint(self, in_epoch: InEpoch | None, wait: bool) -> None:
+        """Rank 0 snapshots the state and writes it in the background (`wait`: before
+        returning); the other ranks hold the same state and go on."""
+        self.last_save_at = time.monotonic()
+        self.timed_save_asked = False
+        if self.saver is not None:
             rng: dict[str, Any] = {"torch": torch.get_rng_state()}
             if self.device.type == "cuda":
                 rng["cuda"] = torch.cuda.get_rng_state()
             state = {
                 "epoch": self.progress.epoch,
+                "step": self.global_step,
+                "in_epoch": dataclasses.asdict(in_epoch) if in_epoch else None,
                 "model": self.model.state_dict(),  # the bare model: no DDP or compile prefixes
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
@@ -460,14 +596,35 @@ class Recipe:
                 "world_size": self.world.world_size,
                 "options": self.options.model_dump(),
             }
-            checkpoint.save_checkpoint(
-                state,
-                Path(self.options.checkpoint_dir or "."),
-                self.progress.epoch,
-                self.options.keep_checkpoints,
+            self.saver.save(state, self.global_step, self.progress.epoch, wait=wait)
+            if wait:
+                self.report_checkpoint()
+
+    def wait_for_save(self) -> None:
+        """Until rank 0's write in flight is done; its error, if it had one, is raised."""
+        if self.saver is not None:
+            self.saver.wait()
+
+    def report_checkpoint(self) -> None:
+        """status.training.checkpoint: the newest completed save."""
+        assert self.saver is not None
+        saved = self.reported_save = self.saver.last
+        if saved is not None:
+            log.info(
+                "checkpoint at step %d saved in %.3f s (training paused %.3f s for the snapshot)",
+                saved.step,
+                saved.seconds,
+                saved.paused,
             )
-        if self.world.distributed:
-            dist.barrier()
+        if saved is not None and self.reporter is not None:
+            fields = checkpoint_fields(
+                step=saved.step,
+                epoch=saved.epoch,
+                saved_at=saved.saved_at,
+                seconds=saved.seconds,
+                resumed_from_step=self.resumed_from_step,
+            )
+            self.reporter.report({"status": {"training": fields}})
 
     def report(self, metrics: EpochMetrics) -> None:
         if self.reporter is None:
@@ -487,6 +644,7 @@ class Recipe:
         self.reporter.report(patch, final=self.finished())
 
     def finish(self) -> Summary:
+        self.wait_for_save()
         timings = self.epoch_timings[1:] or self.epoch_timings  # the first epoch warms up
         images = sum(images for images, _ in timings)
         seconds = sum(seconds for _, seconds in timings)
@@ -516,10 +674,14 @@ class Recipe:
         if self.ledger is not None:
             log.error("%s", culprit.name_the_culprit(self.ledger, self.world.world_size))
 
-    def cleanup(self) -> None:
+    def cleanup(self, stopped_cleanly: bool = True) -> None:
+        if self.saver is not None:
+            with contextlib.suppress(Exception):  # the error that ended training comes first
+                self.saver.wait()  # a checkpoint begun is finished before the process ends
         if self.ledger is not None:
             self.ledger.stop()
-        if dist.is_initialized():
+        if dist.is_initialized() and stopped_cleanly:  # else its peers may never answer
+            self.preemption.close()
             dist.destroy_process_group()
 
     # --- small helpers ----------------------------------------------------------------------
@@ -545,13 +707,15 @@ class Recipe:
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
-    def _augment_generator(self, epoch: int) -> torch.Generator | None:
-        """Different crops on each rank and epoch, reproducible after a resume."""
+    def _augment_generator(self, step: int) -> torch.Generator | None:
+        """Different crops on each rank and step, seeded by both: the same after a resume
+        anywhere in an epoch, with no generator state to save."""
         if not self.augment_images:
             return None
         generator_device = self.device if self.device.type == "cuda" else torch.device("cpu")
         generator = torch.Generator(device=generator_device)
-        return generator.manual_seed(self.options.seed * 1_000_003 + epoch * 1009 + self.world.rank)
+        seed = (self.options.seed * 1_000_003 + step) * 4099 + self.world.rank
+        return generator.manual_seed(seed)
 
     def sync_buffers(self) -> None:
         """BatchNorm statistics from rank 0 once an epoch (DDP is told not to, every step)."""

@@ -57,6 +57,13 @@ class StatusEndpoint(ThreadingHTTPServer):
         with self.lock:
             return TrainingProgress.model_validate(self.training) if self.training else None
 
+    def checkpoint_step(self) -> int | None:
+        """The global step of the newest checkpoint rank 0 reported saved, if any."""
+        with self.lock:
+            saved = self.training.get("checkpoint")
+        step = saved.get("step") if isinstance(saved, dict) else None
+        return step if isinstance(step, int) else None
+
     def merge(self, patch: Any) -> str | None:
         """Apply a JSON merge patch to status.training; a problem in words, or None."""
         status = patch.get("status") if isinstance(patch, dict) else None

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from ddp_trainer.contract import EXIT_PREEMPTED
 from kube_ddp.api import DDPTrainingJob, JobStatus
 from kube_ddp.local.console import Console, WorkerRecord, progress_line
 from kube_ddp.local.endpoint import StatusEndpoint
@@ -74,10 +75,20 @@ def run_local(
             with _sigterm_as_interrupt():
                 status = runner.run()
         except KeyboardInterrupt:
-            stopped = runner.stop_all()
             console.end_progress()
+            console.note(
+                "interrupted: SIGTERM to every worker, as on a suspend or a drain (the "
+                "trainer saves a checkpoint and stops; Ctrl-C again kills them now)"
+            )
+            stopped = runner.stop_all()
             listed = ", ".join(stopped) if stopped else "none were running"
-            console.note(f"interrupted: stopped every worker process it started ({listed})")
+            console.note(f"stopped every worker process it started ({listed})")
+            step = endpoint.checkpoint_step()
+            if step is not None and any(r.exit_code == EXIT_PREEMPTED for r in runner.records):
+                console.note(
+                    f"the job stopped with a checkpoint at step {step}: "
+                    "running it again resumes from there"
+                )
             console.summary(fitted.name, runner.status, runner.records)
             console.close()
             return EXIT_INTERRUPTED
