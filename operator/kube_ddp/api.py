@@ -986,6 +986,18 @@ class Failure(StatusModel):
     message: str | None = Field(None, description="Details.")
 
 
+class CheckpointProgress(StatusModel):
+    """The newest checkpoint the trainer completed."""
+
+    step: int | None = Field(None, description="The step it was taken at.")
+    epoch: int | None = Field(None, description="The epoch it was taken in.")
+    saved_at: datetime | None = Field(None, description="When it was complete.")
+    save_seconds: float | None = Field(
+        None,
+        description="How long the save took: the operator fits the workers' grace period to it.",
+    )
+
+
 class TrainingProgress(StatusModel):
     """Live progress, reported by rank 0 of the trainer after each epoch and, within one, every
     heartbeat."""
@@ -1005,6 +1017,31 @@ class TrainingProgress(StatusModel):
         None, description="The time left at the current speed."
     )
     updated_at: datetime | None = Field(None, description="When rank 0 last reported.")
+    checkpoint: CheckpointProgress | None = Field(None, description="The newest checkpoint.")
+    resumed_from_step: int | None = Field(
+        None, description="The step this attempt resumed from (its checkpoint's)."
+    )
+
+
+class Preemption(StatusModel):
+    """A preemption: the group was stopped from outside (a drain, an eviction, the scheduler, a
+    suspend, Kueue) and resumes, no restart counted."""
+
+    time: datetime | None = Field(None, description="When the operator saw it.")
+    reason: str | None = Field(
+        None,
+        description="By what: the pod's DisruptionTarget reason (EvictionByEvictionAPI for a "
+        "drain, PreemptionByScheduler, DeletionByTaintManager, TerminationByKubelet), Deleted, "
+        "Terminated (a SIGTERM Kubernetes gave no reason for), Suspended, or Kueue's Preempted "
+        "or Evicted.",
+    )
+    message: str | None = Field(None, description="Details: the pod, and Kubernetes' words.")
+    checkpoint_step: int | None = Field(
+        None, description="The step of the newest checkpoint the trainer had reported by then."
+    )
+    resumed_from_step: int | None = Field(
+        None, description="The step the next attempt resumed from, once its trainer reports it."
+    )
 
 
 class JobStatus(StatusModel):
@@ -1022,6 +1059,10 @@ class JobStatus(StatusModel):
     )
     workers: WorkerCounts | None = Field(None, description="Worker pods by phase.")
     restarts: int = Field(0, description="Group restarts so far.")
+    preemptions: int = Field(
+        0, description="Times the group was preempted and resumed (never counted as restarts)."
+    )
+    last_preemption: Preemption | None = Field(None, description="The newest preemption.")
     start_time: datetime | None = Field(None, description="When the job was first started.")
     completion_time: datetime | None = Field(None, description="When the job finished.")
     observed_generation: int | None = Field(

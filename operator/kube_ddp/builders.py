@@ -432,6 +432,28 @@ def container_settings(spec: DDPTrainingJobSpec, *, worker: bool) -> Obj:
     return {key: value for key, value in fields.items() if value is not None}
 
 
+# Kubernetes' own terminationGracePeriodSeconds, when a pod says none.
+DEFAULT_GRACE_SECONDS = 30
+# A SIGTERM's save takes about what the last measured one took; twice that allows for a slower
+# disk or store, and the margin for the ranks to finish their step and agree on it, and exit.
+SAVE_GRACE_FACTOR = 2
+SAVE_GRACE_MARGIN_SECONDS = 15
+
+
+def termination_grace_seconds(job: DDPTrainingJob) -> int | None:
+    """The workers' grace period: enough for the checkpoint a SIGTERM saves, by the job's last
+    measured save (status.training.checkpoint.saveSeconds), never less than the template's
+    own (or Kubernetes' 30 s): max(that, 2 x save + 15). None: no save measured and none set,
+    so each pod keeps Kubernetes' default."""
+    own = job.spec.template.termination_grace_period_seconds
+    training = job.status.training if job.status else None
+    checkpoint = training.checkpoint if training else None
+    if checkpoint is None or checkpoint.save_seconds is None:
+        return own
+    fits = math.ceil(SAVE_GRACE_FACTOR * checkpoint.save_seconds) + SAVE_GRACE_MARGIN_SECONDS
+    return max(DEFAULT_GRACE_SECONDS if own is None else own, fits)
+
+
 def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
     """Pod-level settings shared by torchrun workers and MPI workers, template merged in."""
     spec = job.spec
@@ -471,7 +493,7 @@ def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
         "securityContext": pod_security_context(spec),
         "topologySpreadConstraints": template.topology_spread_constraints or None,
         "runtimeClassName": template.runtime_class_name,
-        "terminationGracePeriodSeconds": template.termination_grace_period_seconds,
+        "terminationGracePeriodSeconds": termination_grace_seconds(job),
         "dnsConfig": template.dns_config,
         "hostAliases": template.host_aliases or None,
     }

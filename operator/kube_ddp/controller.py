@@ -46,6 +46,7 @@ from kube_ddp.kube import (
 )
 from kube_ddp.reasons import Reason
 from kube_ddp.status import (
+    UNDER_WAY,
     Action,
     CreateWorkers,
     Decision,
@@ -187,6 +188,10 @@ class Controller:
     # Jobs waiting for room (`WaitingForRoomError`): no group is created before this loop time,
     # whatever events arrive (deleting the refused group's pods makes a burst of them).
     held_until: dict[Key, float] = field(default_factory=dict)
+    # Workers deleted just after they exited with the preempted code (a drain's eviction: the
+    # kubelet removes the pod once its container ended), kept for the next reconcile, which
+    # may run after both events: gone from the index, the worker would read as vanished.
+    last_words: dict[Key, dict[str, PodView]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.expectations = Expectations(self.config.expectation_timeout)
@@ -211,6 +216,11 @@ class Controller:
         self.failures.pop(key, None)
         self.synced.discard(key)
         self.held_until.pop(key, None)
+        self.last_words.pop(key, None)
+
+    def pod_deleted(self, key: Key, pod: PodView) -> None:
+        if pod.phase == "Failed" and pod.exit_code == names.EXIT_PREEMPTED:
+            self.last_words.setdefault(key, {})[pod.name] = pod
 
     def pod_changed(self, key: Key, pod_name: str, window: float) -> None:
         self.expectations.observe(key, pod_name)
@@ -243,6 +253,11 @@ class Controller:
             return
         index = self.mpi_pods if job.spec.launcher == "mpi" else self.pods
         pods = list(index.get(key, [])) if index is not None else []
+        # Said once, and only to a group under way: the decision that sees them records the
+        # preemption; a group already stopped need not wait for them.
+        words = self.last_words.pop(key, {})
+        if status.phase in UNDER_WAY:
+            pods += [pod for pod in words.values() if pod.name not in {p.name for p in pods}]
         expected = self.expectations.pending(key, asyncio.get_running_loop().time())
         body, job, queued = await self._apply_kueue(key, body, job, pods)
         if queued.refused is not None:
@@ -384,7 +399,10 @@ class Controller:
             _raise_refusal([*done, *by_pod.values()], created)
         elif isinstance(action, DeletePods):
             await asyncio.gather(
-                *(self.kube.delete_pod(namespace, pod, action.force) for pod in action.names)
+                *(
+                    self.kube.delete_pod(namespace, pod, action.force, action.grace_seconds)
+                    for pod in action.names
+                )
             )
         elif isinstance(action, DeleteJob):
             await self.kube.delete_job(namespace, name)

@@ -179,6 +179,13 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes", "priority": 1},
     {
+        "name": "Preemptions",
+        "type": "integer",
+        "jsonPath": ".status.preemptions",
+        "description": "Times the group was preempted and resumed",
+        "priority": 1,
+    },
+    {
         "name": "Images/s",
         "type": "number",
         "jsonPath": ".status.training.imagesPerSec",

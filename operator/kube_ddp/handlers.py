@@ -125,13 +125,21 @@ async def job_event(
 
 @kopf.on.event("pods")
 async def pod_event(
-    name: str, namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
+    type: str,
+    name: str,
+    namespace: str | None,
+    labels: Mapping[str, str],
+    body: kopf.Body,
+    memo: Any,
+    **kwargs: Any,
 ) -> None:
     """Our workers and the MPI Operator's pods of our MPIJobs (the watch's label selector)."""
     controller = _controller(memo)
     _index(controller, kwargs)
     job = labels.get(names.LABEL_JOB_NAME)
     if job and namespace:
+        if type == "DELETED" and labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY:
+            controller.pod_deleted((namespace, job), PodView.from_pod(body))
         controller.pod_changed((namespace, job), name, POD_EVENT_WINDOW)
 
 

@@ -191,9 +191,13 @@ class Kube:
         except NotFoundError:
             return None
 
-    async def delete_pod(self, namespace: str, name: str, force: bool = False) -> None:
-        """Delete a pod; `force`: at once (grace period 0), without its kubelet's word."""
-        body = {"gracePeriodSeconds": 0} if force else None
+    async def delete_pod(
+        self, namespace: str, name: str, force: bool = False, grace_seconds: int | None = None
+    ) -> None:
+        """Delete a pod; `force`: at once (grace period 0), without its kubelet's word; else
+        with `grace_seconds` (None: the pod's own terminationGracePeriodSeconds)."""
+        grace = 0 if force else grace_seconds
+        body = {"gracePeriodSeconds": grace} if grace is not None else None
         with contextlib.suppress(NotFoundError):
             await self.request("DELETE", f"{collection_path('v1', 'Pod', namespace)}/{name}", body)
 

@@ -32,6 +32,12 @@ GROUP_RESTARTS = Counter(
     "Group restarts of DDPTrainingJobs, by the reason of the failure that caused each",
     ["reason"],
 )
+PREEMPTIONS = Counter(
+    "kubeddp_preemptions",
+    "Preemptions of DDPTrainingJobs (a group stopped from outside, resumed, no restart counted), "
+    "by what stopped it",
+    ["reason"],
+)
 RECONCILE_DURATION = Histogram(
     "kubeddp_reconcile_duration_seconds",
     "Time one reconcile of a job took, failed ones included",
@@ -71,7 +77,8 @@ PROGRESS = {
 
 
 class JobProgress(Collector):
-    """Per job: its group restarts, and while Running what its trainer last reported and when."""
+    """Per job: its group restarts and preemptions, and while Running what its trainer last
+    reported and when."""
 
     def __init__(self, bodies: Bodies) -> None:
         self._bodies = bodies
@@ -79,6 +86,11 @@ class JobProgress(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         restarts = GaugeMetricFamily(
             "kubeddp_job_restarts", "Group restarts of the job so far", labels=JOB_LABELS
+        )
+        preemptions = GaugeMetricFamily(
+            "kubeddp_job_preemptions",
+            "Times the job's group was preempted and resumed",
+            labels=JOB_LABELS,
         )
         reported = GaugeMetricFamily(
             "kubeddp_job_progress_timestamp_seconds",
@@ -93,6 +105,7 @@ class JobProgress(Collector):
             meta, status = body.get("metadata", {}), body.get("status") or {}
             labels = [meta.get("namespace", ""), meta.get("name", "")]
             restarts.add_metric(labels, status.get("restarts", 0))
+            preemptions.add_metric(labels, status.get("preemptions", 0))
             training = status.get("training") or {}
             if status.get("phase") != "Running":
                 continue
@@ -102,6 +115,7 @@ class JobProgress(Collector):
             if stamp := _timestamp(training.get("updatedAt")):
                 reported.add_metric(labels, stamp.timestamp())
         yield restarts
+        yield preemptions
         yield reported
         yield from progress.values()
 
@@ -127,6 +141,9 @@ def observe_transition(body: dict[str, Any], before: JobStatus, after: JobStatus
     if after.restarts > before.restarts:
         reason = (after.failure.reason if after.failure else None) or "Unknown"
         GROUP_RESTARTS.labels(reason=reason).inc(after.restarts - before.restarts)
+    if after.preemptions > before.preemptions:
+        by = (after.last_preemption.reason if after.last_preemption else None) or "Unknown"
+        PREEMPTIONS.labels(reason=by).inc(after.preemptions - before.preemptions)
     if after.phase == "Running" and before.phase != "Running" and after.restarts == 0:
         created = _created_at(body)
         if created is not None:

@@ -55,6 +55,8 @@ MPI_WORKER: Final = "worker"
 # download), and a collective that timed out or a peer that went away.
 EXIT_TEMPORARY: Final = contract.EXIT_TEMPORARY
 EXIT_PEER_LOST: Final = contract.EXIT_PEER_LOST
+# The trainer saved a checkpoint on SIGTERM and stopped: a preemption, resumed, never a failure.
+EXIT_PREEMPTED: Final = contract.EXIT_PREEMPTED
 
 # The env contract: set by the operator on every worker, refused in a spec's own env.
 RESERVED_ENV: Final = contract.RESERVED_ENV

@@ -34,7 +34,9 @@ class Reason(StrEnum):
     WORKER_SUCCEEDED = "WorkerSucceeded"  # worker 0 exited 0
     SUSPENDED = "Suspended"  # runPolicy.suspend
     QUEUED = "Queued"  # Suspended: waiting in a Kueue LocalQueue for its Workload's admission
-    PREEMPTED = "Preempted"  # Suspended: Kueue preempted its Workload for a higher priority one
+    # Suspended: Kueue preempted its Workload for a higher priority one; Restarting, Event: the
+    # workers saved a checkpoint on SIGTERM and stopped (EXIT_PREEMPTED), resumed uncounted
+    PREEMPTED = "Preempted"
     EVICTED = "Evicted"  # Suspended: Kueue evicted its Workload (deactivated, stopped queue, ...)
     INVALID_SPEC = "InvalidSpec"  # the models or the API server refuse what the spec builds
     POD_SECURITY_VIOLATION = "PodSecurityViolation"  # Failed: the namespace's Pod Security level
@@ -57,3 +59,5 @@ class PodReason(StrEnum):
     DELETED = "Deleted"  # the pod was deleted, or vanished
     NODE_LOST = "NodeLost"  # phase Unknown: its node stopped reporting
     ERROR = "Error"  # it failed without saying why
+    # it exited with the preempted code after a SIGTERM Kubernetes gave no reason for
+    TERMINATED = "Terminated"

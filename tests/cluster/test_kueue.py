@@ -139,6 +139,9 @@ def test_higher_priority_preempts_and_the_lower_resumes(
     status = jobs.status("low")
     assert status["phase"] == "Suspended"  # not Failed
     assert status["restarts"] == 0
+    # a preemption, said by what; the job queued from its start was never preempted
+    assert (status["preemptions"], status["lastPreemption"]["reason"]) == (1, "Preempted")
+    assert jobs.status("high").get("preemptions", 0) == 0
     assert "Failed" not in {c["type"] for c in status["conditions"] if c["status"] == "True"}
     jobs.wait_pods("high", 2, timeout=60)
     jobs.wait_phase("high", "Running")

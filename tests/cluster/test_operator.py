@@ -144,6 +144,29 @@ def test_deleted_worker_restarts_the_group(
     assert status["failure"]["reason"] == "Deleted"
 
 
+def test_preempted_groups_resume_without_a_restart(jobs: Jobs, operator: OperatorProcess) -> None:
+    """A worker that exits 86 (it saved on SIGTERM): the group is recreated under the same
+    attempt, again and again, never counted against backoffLimit 0; the API server keeps the
+    preemption fields the status carries."""
+    jobs.create(job_manifest("bar", runPolicy={"backoffLimit": 0}, **GPU_2X8))
+    before = {p.metadata.uid for p in jobs.wait_pods("bar", 2)}
+    jobs.wait_phase("bar", "Running")
+    for preemption in (1, 2):
+        jobs.end_worker("bar-worker-1", names.EXIT_PREEMPTED)
+
+        def recreated(seen: set[str] = before) -> set[str] | None:
+            uids = {p.metadata.uid for p in jobs.wait_pods("bar", 2, attempt=0)}
+            return uids if uids.isdisjoint(seen) else None
+
+        before = wait_for(recreated, f"the group after preemption {preemption}", timeout=60)
+        status = jobs.wait_phase("bar", "Running")
+        assert (status["restarts"], status["preemptions"]) == (0, preemption), status
+    last = status["lastPreemption"]
+    assert last["reason"] == "Terminated" and last["message"].startswith("bar-worker-1"), last
+    assert "failure" not in status
+    assert "Preempted" in jobs.events("bar")
+
+
 def test_operator_restart_mid_job_duplicates_nothing(
     cluster: Cluster, namespace: str, jobs: Jobs, tmp_path: Path
 ) -> None:

@@ -261,6 +261,55 @@ def test_pods_of_a_node_that_stopped_reporting_are_force_deleted() -> None:
     ]
 
 
+RUNNING = {"phase": "Running", "startTime": "2026-11-22T10:00:00Z"}
+SAVED = {"exit_code": 86, "deleting": True, "reason": "EvictionByEvictionAPI"}
+
+
+def test_a_worker_deleted_right_after_it_saved_is_a_preemption_not_a_vanished_one() -> None:
+    """A drain's eviction: the kubelet removes the pod once it exited 86, and the reconcile
+    may run after both events, the pod gone from the index."""
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body(RUNNING), [pod(0)])
+        controller.pod_deleted(KEY, pod(1, "Failed", **SAVED))
+        controller.pod_deleted(KEY, pod(0, "Failed", exit_code=1))  # not a preempted one
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    [status] = written_statuses(fake)
+    assert (status["phase"], status["restarts"], status["preemptions"]) == ("Restarting", 0, 1)
+    assert status["lastPreemption"]["reason"] == "EvictionByEvictionAPI"
+
+
+def test_a_stopped_group_does_not_wait_for_the_last_words_of_its_pods() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        preempting = {
+            **RUNNING,
+            "phase": "Restarting",
+            "preemptions": 1,
+            "conditions": [{"type": "Restarting", "status": "True", "reason": "Preempted"}],
+        }
+        start(fake, controller, job_body(preempting), [])
+        controller.pod_deleted(KEY, pod(1, "Failed", **SAVED))
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    assert len(fake.made("POST", PODS)) == 2
+
+
+def test_the_operators_deletes_give_the_grace_the_last_save_needs() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        measured = {**RUNNING, "training": {"checkpoint": {"step": 5, "saveSeconds": 20.0}}}
+        start(fake, controller, job_body(measured, runPolicy={"suspend": True}), [pod(0)])
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    deletes = fake.made("DELETE", PODS)
+    assert [(c.path, c.body) for c in deletes] == [
+        (f"{PODS}/bar-worker-0", {"gracePeriodSeconds": 55})
+    ]
+
+
 def test_a_status_write_for_a_deleted_job_is_no_error() -> None:
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, job_body({"phase": "Starting"}), [pod(0), pod(1)])

@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from kube_ddp import metrics
-from kube_ddp.api import Failure, JobStatus
+from kube_ddp.api import Failure, JobStatus, Preemption
 
 
 def job(name: str, phase: str, **status: Any) -> dict[str, Any]:
@@ -61,3 +61,18 @@ def test_a_restart_is_counted_under_the_reason_of_its_failure() -> None:
     metrics.observe_transition(body, JobStatus(restarts=1), JobStatus(restarts=2))
     assert count("OOMKilled") == before["OOMKilled"] + 1
     assert count("Unknown") == before["Unknown"] + 1
+
+
+def test_a_preemption_is_counted_by_what_stopped_the_group() -> None:
+    def count() -> float:
+        labels = {"reason": "EvictionByEvictionAPI"}
+        return REGISTRY.get_sample_value("kubeddp_preemptions_total", labels) or 0.0
+
+    before = count()
+    drained = Preemption(reason="EvictionByEvictionAPI")
+    after = JobStatus(preemptions=3, last_preemption=drained)
+    metrics.observe_transition(job("vit", "Restarting"), JobStatus(preemptions=2), after)
+    assert count() == before + 1
+    registry = scrape([job("vit", "Restarting", preemptions=3)])
+    labels = {"job_namespace": "team-a", "job_name": "vit"}
+    assert registry.get_sample_value("kubeddp_job_preemptions", labels) == 3

@@ -212,7 +212,13 @@ RESTARTS = [
     RestartCase(
         "evicted", pod(1, "Failed", reason="Evicted", message="low memory"), None, "Evicted"
     ),
-    RestartCase("deleted", pod(1, "Running", deleting=True), None, "Deleted", deleted=(0,)),
+    RestartCase(
+        "deleted, its program killed by the signal",
+        pod(1, "Failed", exit_code=143, deleting=True),
+        143,
+        "Deleted",
+        deleted=(0,),
+    ),
     RestartCase("node lost", pod(1, "Unknown"), None, "NodeLost"),
     RestartCase(
         "a rank OOM-killed under torchrun (which exits 1)",
@@ -507,7 +513,7 @@ NODE_LOSSES = [
         failure=("NodeLost", "node cpu-3 stopped reporting (not ready since 2026-11-22T11:58:40Z)"),
     ),
     NodeLossCase(
-        "a taint eviction of a ready pod is not a lost node",
+        "a taint eviction of a ready pod is not a lost node: its end is waited for",
         running(),
         (
             pod(0),
@@ -519,10 +525,9 @@ NODE_LOSSES = [
                 **TAINT_EVICTION,
             ),
         ),
-        "Restarting",
-        (delete(0),),
+        "Running",
+        (),
         requeue_after=50,
-        failure=("DeletionByTaintManager", "Taint manager: deleting"),
     ),
     NodeLossCase(
         "the old attempt's pod within its deadline and 30 s: waited for",

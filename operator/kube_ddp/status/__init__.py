@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from kube_ddp.api import DDPTrainingJob, JobStatus
+from kube_ddp.builders import termination_grace_seconds
 from kube_ddp.reasons import Reason
 from kube_ddp.status.draft import (
     Action,
@@ -27,7 +28,7 @@ from kube_ddp.status.draft import (
     Event,
     SuspendMPIJob,
 )
-from kube_ddp.status.lifecycle import FINISHED
+from kube_ddp.status.lifecycle import FINISHED, UNDER_WAY
 from kube_ddp.status.mpi import decide_mpi
 from kube_ddp.status.refusals import Refusal, classify, most_decisive, refuse
 from kube_ddp.status.torchrun import decide_torchrun
@@ -35,6 +36,7 @@ from kube_ddp.status.views import MPIJobView, PodView
 
 __all__ = [
     "FINISHED",
+    "UNDER_WAY",
     "Action",
     "CreateWorkers",
     "Decision",
@@ -69,7 +71,9 @@ def decide(
     the watch has not shown yet (they count as Pending, never as vanished); `suspended_by` is
     (reason, message) when a queue, not the user, holds the job suspended (`kueue.plan`).
     """
-    draft = Draft(status=job.status or JobStatus(), now=now)
+    draft = Draft(
+        status=job.status or JobStatus(), now=now, grace_seconds=termination_grace_seconds(job)
+    )
     draft.update(observed_generation=job.metadata.generation)
     if job.spec.launcher == "mpi":
         decide_mpi(draft, job, mpijob, list(pods), set(expected), suspended_by)

@@ -26,10 +26,12 @@ class CreateWorkers:
 @dataclass(frozen=True)
 class DeletePods:
     """Delete pods; `force`: with grace period 0, for pods whose node stopped reporting (its
-    kubelet will never confirm a graceful deletion)."""
+    kubelet will never confirm a graceful deletion); else `grace_seconds` (None: each pod's
+    own), time for the workers to save a checkpoint (`builders.termination_grace_seconds`)."""
 
     names: tuple[str, ...]
     force: bool = False
+    grace_seconds: int | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class Draft:
     actions: list[Action] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
+    grace_seconds: int | None = None  # what the operator's own deletes give each pod
 
     def update(self, **changes: Any) -> None:
         self.status = self.status.model_copy(update=changes)
@@ -138,7 +141,7 @@ class Draft:
         """Delete `pods`, skipping those already going; repeated deletes are harmless."""
         doomed = tuple(sorted({p.name for p in pods if not p.deleting}))
         if doomed:
-            self.actions.append(DeletePods(doomed))
+            self.actions.append(DeletePods(doomed, grace_seconds=self.grace_seconds))
 
     def force_delete(self, pods: Iterable[PodView]) -> None:
         doomed = tuple(sorted({p.name for p in pods}))

@@ -10,7 +10,7 @@ from kube_ddp import names
 from kube_ddp.api import DDPTrainingJob, Failure
 from kube_ddp.reasons import PodReason, Reason
 from kube_ddp.status.draft import Draft
-from kube_ddp.status.lifecycle import Group, finish
+from kube_ddp.status.lifecycle import Group, finish, record_preemption
 from kube_ddp.status.views import PodView
 
 
@@ -31,6 +31,7 @@ class TakenAway(StrEnum):
     DELETION_BY_TAINT_MANAGER = "DeletionByTaintManager"
 
 
+TAKEN_AWAY: frozenset[str] = frozenset(TakenAway)
 # Pod reasons that mean the pod was taken away rather than the program failing.
 LOST_REASONS: frozenset[str] = frozenset({*TakenAway, PodReason.DELETED, PodReason.NODE_LOST})
 RETRYABLE_EXIT_CODE = 128  # >= 128: killed by a signal (OOM killer, SIGTERM, SIGKILL, abort)
@@ -66,6 +67,11 @@ class WorkerFailure:
         return self.exit_code == names.EXIT_PEER_LOST
 
     @property
+    def preempted(self) -> bool:
+        """The trainer saved a checkpoint on SIGTERM and stopped: resumed, never a failure."""
+        return self.exit_code == names.EXIT_PREEMPTED
+
+    @property
     def cause_first(self) -> tuple[bool, str, bool, bool, bool, int]:
         """The sort key that puts the failure that caused the others first: the earliest, one
         without a finish time after all timed ones. Finish times have a resolution of one
@@ -86,6 +92,8 @@ class WorkerFailure:
         if self.hung:
             return f"{self.pod} made no progress ({self.message})"
         what = f"exited with code {self.exit_code}" if self.exit_code is not None else "was lost"
+        if self.preempted:
+            what += " (it saved a checkpoint on SIGTERM and stopped)"
         if self.peer_lost:
             what += " (a collective timed out or a peer went away)"
         detail = f" ({self.reason}{': ' + self.message if self.message else ''})"
@@ -107,14 +115,21 @@ def node_lost(pod: PodView) -> str | None:
 
 
 def pod_failure(pod: PodView) -> WorkerFailure | None:
-    """How `pod` failed, if it did: it ended Failed, its node was lost, or it is being
-    deleted before it succeeded."""
+    """How `pod` failed, if it did: it ended Failed, its node was lost, or it was deleted
+    before it succeeded. A pod being deleted whose container still runs has not failed yet:
+    its SIGTERM may be saving a checkpoint, and how it ends (the preempted code or another)
+    decides."""
+    lost = node_lost(pod)
+    if pod.deleting and pod.phase in ("Pending", "Running") and lost is None:
+        return None
     if not (pod.phase in ("Failed", "Unknown") or (pod.deleting and pod.phase != "Succeeded")):
         return None
     reason: str
     message = pod.message or ""
-    if (lost := node_lost(pod)) is not None:
+    if lost is not None:
         reason, message = PodReason.NODE_LOST, lost
+    elif pod.phase == "Failed" and pod.exit_code == names.EXIT_PREEMPTED:
+        reason = preempted_by(pod)
     else:
         reason = pod.reason or (PodReason.DELETED if pod.deleting else PodReason.ERROR)
     return WorkerFailure(
@@ -126,6 +141,14 @@ def pod_failure(pod: PodView) -> WorkerFailure | None:
         finished_at=pod.finished_at or None,
         launcher=pod.role == names.MPI_LAUNCHER,
     )
+
+
+def preempted_by(pod: PodView) -> str:
+    """What stopped a pod that exited with the preempted code: Kubernetes' DisruptionTarget
+    reason, else `Deleted` (a delete without one), else `Terminated` (a SIGTERM from elsewhere)."""
+    if pod.reason in TAKEN_AWAY:
+        return pod.reason
+    return PodReason.DELETED if pod.deleting else PodReason.TERMINATED
 
 
 def cause_first(failures: list[WorkerFailure]) -> list[WorkerFailure]:
@@ -154,8 +177,13 @@ def is_retryable(job: DDPTrainingJob, failure: WorkerFailure) -> bool:
 def fail_or_restart(
     draft: Draft, job: DDPTrainingJob, failures: list[WorkerFailure], group: Group
 ) -> None:
-    """Restart the group if the first failure is retryable and restarts are left; else Failed."""
+    """Restart the group if the first failure is retryable and restarts are left; else Failed.
+    A first failure that is a preemption resumes the group, whatever the policy and the
+    restarts left."""
     first = failures[0]
+    if first.preempted:
+        resume_preempted(draft, failures, group)
+        return
     failed = Reason.LAUNCHER_FAILED if first.launcher else Reason.WORKER_FAILED
     if first.hung:
         failed = Reason.PROGRESS_DEADLINE_EXCEEDED
@@ -190,3 +218,23 @@ def fail_or_restart(
             f"{names.EXIT_TEMPORARY}, {names.EXIT_PEER_LOST} and runPolicy.retryableExitCodes are)"
         )
     finish(draft, job, group, "Failed", reason, message)
+
+
+def resume_preempted(draft: Draft, failures: list[WorkerFailure], group: Group) -> None:
+    """Stop the group and start it again, `restarts` and `failure` unchanged: its workers
+    saved a checkpoint and stopped because something outside took them away. An endless
+    series of preemptions shows in `preemptions`, never as a failure."""
+    preempted = [f for f in failures if f.preempted]
+    # The pod Kubernetes said why it took, else the first: its peers stopped along with it.
+    said = [f for f in preempted if f.reason in TAKEN_AWAY]
+    cause = (said or preempted)[0]
+    detail = f": {cause.message}" if cause.message else ""
+    record_preemption(draft, cause.reason, f"{cause.pod}{detail}")
+    message = (
+        f"{cause.describe()}; preempted ({cause.reason}), resuming the group from its "
+        f"checkpoint (preemption {draft.status.preemptions}, not counted as a restart)"
+    )
+    draft.condition("Restarting", "True", Reason.PREEMPTED, message)
+    draft.condition("Running", "False", Reason.PREEMPTED, message)
+    draft.phase("Restarting", Reason.PREEMPTED, message)
+    group.stop(draft)

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
 from kube_ddp import gang
-from kube_ddp.api import DDPTrainingJob, JobStatus, Phase, RunPolicy, WorkerCounts
+from kube_ddp.api import DDPTrainingJob, JobStatus, Phase, Preemption, RunPolicy, WorkerCounts
 from kube_ddp.reasons import Reason
 from kube_ddp.status.draft import DeleteJob, Draft, Event, condition_status
 from kube_ddp.status.views import PodView
@@ -17,6 +17,8 @@ FINISHED: tuple[Phase, ...] = ("Succeeded", "Failed")
 # How long past a pod's deletion deadline its kubelet has to confirm the pod is gone; after that
 # its node is taken for lost and the pod is force-deleted: the next attempt reuses its name.
 NODE_SILENCE_SECONDS = 30
+# Phases in which a group is under way: a suspend then is a preemption.
+UNDER_WAY: tuple[Phase | None, ...] = ("Pending", "Starting", "Running")
 # Phases in which the pods of the current attempt have not all been created yet.
 NOT_CREATED: tuple[Phase | None, ...] = (None, "Restarting", "Suspended")
 
@@ -25,6 +27,46 @@ def not_created(status: JobStatus) -> bool:
     """The pods of the current attempt are still to be created: a phase of `NOT_CREATED`, or
     `Created=False` (a full quota refused the group: `refusals.refuse`)."""
     return status.phase in NOT_CREATED or condition_status(status, "Created") == "False"
+
+
+def preempting(status: JobStatus) -> bool:
+    """The group stopped for a preemption and is to start again under the same attempt (its
+    pods' names and labels): the stopped pods must be gone first."""
+    return status.phase == "Restarting" and any(
+        c.type == "Restarting" and c.reason == Reason.PREEMPTED for c in status.conditions
+    )
+
+
+def record_preemption(draft: Draft, reason: str, message: str) -> None:
+    """Count a preemption and say it in `lastPreemption`, with the newest checkpoint's step."""
+    training = draft.status.training
+    checkpoint = training.checkpoint if training else None
+    preemption = Preemption(
+        time=draft.now,
+        reason=reason,
+        message=message,
+        checkpoint_step=checkpoint.step if checkpoint else None,
+    )
+    draft.update(preemptions=draft.status.preemptions + 1, last_preemption=preemption)
+
+
+def note_resumed_step(draft: Draft, workers: Mapping[int, PodView]) -> None:
+    """Copy the step the attempt after the last preemption resumed from into `lastPreemption`
+    from the trainer's reports of that attempt (newer than its newest pod). The trainer's
+    reports are merge patches: until the attempt sends `resumedFromStep` itself, the field may
+    hold the one before's, so the copy follows the field while the attempt runs."""
+    last, training = draft.status.last_preemption, draft.status.training
+    if last is None or last.time is None:
+        return
+    if training is None or training.resumed_from_step is None or training.updated_at is None:
+        return
+    created = [datetime.fromisoformat(p.created_at) for p in workers.values() if p.created_at]
+    # creationTimestamp has whole seconds: a pod of the same second as the preemption is newer
+    if not created or min(created) < last.time.replace(microsecond=0):
+        return
+    if training.updated_at >= max(created) and last.resumed_from_step != training.resumed_from_step:
+        resumed = last.model_copy(update={"resumed_from_step": training.resumed_from_step})
+        draft.update(last_preemption=resumed)
 
 
 class Group(Protocol):
@@ -68,6 +110,7 @@ def progress(
     """
     nodes = job.spec.nodes
     ordered = sorted(workers.values(), key=lambda p: p.index)
+    note_resumed_step(draft, workers)
     _schedulable(draft, ordered, nodes, gang.describe(job))
     _containers_started(draft, ordered)
     if up is not None:
@@ -116,12 +159,16 @@ def _schedulable(draft: Draft, workers: list[PodView], nodes: int, group: str | 
 
 
 def suspend(draft: Draft, pods: list[PodView], why: tuple[str, str] | None = None) -> None:
-    """Suspended: no pods, the job kept; resuming recreates them without counting a restart."""
+    """Suspended: no pods, the job kept; resuming recreates them without counting a restart.
+    A group under way that is suspended (by the user, or by a queue) is preempted: counted in
+    `preemptions`, its workers given the grace period to save."""
     draft.delete(pods)
     reason, message = why or (
         Reason.SUSPENDED,
         "The job is suspended (runPolicy.suspend): its pods are removed",
     )
+    if draft.status.phase in UNDER_WAY:
+        record_preemption(draft, reason, message)
     draft.condition("Suspended", "True", reason, message)
     if condition_status(draft.status, "Running") == "True":
         draft.condition("Running", "False", reason, message)

@@ -19,6 +19,7 @@ from kube_ddp.status.lifecycle import (
     finish,
     force_delete_overdue,
     not_created,
+    preempting,
     progress,
     progress_stalled,
     suspend,
@@ -72,6 +73,12 @@ def decide_torchrun(
         finish(draft, job, Pods(ours), "Failed", Reason.DEADLINE_EXCEEDED, late)
     elif stale:
         draft.delete(stale)
+    elif not_created(status) and preempting(status):
+        # The stopped group has this attempt's names and labels: the next starts once it is gone.
+        if left := [p for p in ours if p.attempt == attempt]:
+            draft.delete(left)
+        else:
+            _create(draft, job, attempt, list(range(job.spec.nodes)))
     elif not_created(status):
         if not any(p.deleting for p in current.values()):  # same names: let them go first
             missing = [i for i in range(job.spec.nodes) if i not in current]
