@@ -1,12 +1,13 @@
 """Checkpoints in an S3-compatible object store, on the real node: versitygw runs on the host
 (tests/s3_server.py) at the pods' gateway address, the job names it by `trainer.checkpointDir:
-s3://...` and its credentials by `checkpointStore.secretName`; a rank SIGKILLed mid-run
-restarts the group, which resumes from the checkpoint in the bucket.
+s3://...` and its credentials by `checkpointStore.secretName`; a worker evicted mid-epoch as
+`kubectl drain` does makes the ranks save at the step they agree on, and the group resumes from
+that checkpoint in the bucket, no restart counted. (A SIGKILLed rank's resume, from a volume, is
+test_jobs.py's; the store is the same either way.)
 """
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +15,12 @@ from typing import Any
 
 import pytest
 
+from ddp_trainer import contract
 from tests.cluster.operator_support import Jobs
 from tests.cluster.support import load_dev_cluster, wait_for
 from tests.e2e.platform import DevPlatform, Platform
 from tests.e2e.test_jobs import DIGITS, TRAINING_TIMEOUT, cpu_job, logs
+from tests.e2e.test_preemption import GRACE, evict, global_step, wait_preempted
 from tests.s3_server import S3Server, running_s3_server
 
 
@@ -30,7 +33,7 @@ def s3(platform: Platform, tmp_path: Path) -> Iterator[S3Server]:
         yield server
 
 
-def test_a_killed_rank_resumes_from_the_checkpoint_in_the_object_store(
+def test_a_drained_trainer_saves_to_the_object_store_and_resumes_from_that_step(
     platform: Platform, jobs: Jobs, s3: S3Server
 ) -> None:
     bucket = s3.create_bucket()
@@ -41,36 +44,40 @@ def test_a_killed_rank_resumes_from_the_checkpoint_in_the_object_store(
     )
     trainer: dict[str, Any] = {
         **DIGITS,
-        "model": "wide-resnet",  # epochs slow enough to be killed between
-        "wrnDepth": 10,
-        "wrnWidth": 1,
-        "epochs": 4,
+        "batchSize": 8,  # about 90 steps an epoch: the eviction lands mid-epoch
+        "lr": 0.02,
+        "model": "mlp",
+        "epochs": 40,  # still training when it has resumed
         "checkpointDir": f"s3://{bucket}/resume",
+        "checkpointEverySeconds": 0,  # epoch ends and the SIGTERM's save only
     }
-    spec = {"trainer": trainer, "checkpointStore": {"secretName": secret}}
-    jobs.create(cpu_job(platform, "s3resume", **spec))
+    spec = {
+        "trainer": trainer,
+        "checkpointStore": {"secretName": secret},
+        "template": {"terminationGracePeriodSeconds": GRACE * 4},
+        "env": [{"name": contract.HEARTBEAT_ENV, "value": "1"}],
+    }
+    jobs.create(cpu_job(platform, "s3drain", **spec))
 
-    def two_epochs_or_failed() -> bool:
-        status = jobs.status("s3resume")
-        return (
-            status.get("phase") == "Failed" or (status.get("training") or {}).get("epoch", 0) >= 2
-        )
+    def mid_epoch() -> dict[str, Any] | None:
+        training = jobs.status("s3drain").get("training") or {}
+        return training if training.get("epoch", 0) >= 1 and training.get("step") else None
 
-    wait_for(
-        two_epochs_or_failed,
-        "two epochs (and their checkpoints in the bucket)",
-        timeout=TRAINING_TIMEOUT,
-        interval=0.5,
-    )
-    assert jobs.status("s3resume").get("phase") != "Failed", jobs.status("s3resume")
-    platform.kill(jobs.cluster.core.read_namespaced_pod("s3resume-worker-1", jobs.namespace))
-    status = jobs.wait_phase("s3resume", "Succeeded", timeout=TRAINING_TIMEOUT)
-    assert status["restarts"] == 1
-    assert (status["failure"]["pod"], status["failure"]["exitCode"]) == ("s3resume-worker-1", 137)
-    resumed = logs(jobs, "s3resume-worker-0")
-    where = f"s3://{bucket}/resume/checkpoint-step-"
-    found = re.search(rf"resuming at step (\d+) .* from {where}", resumed)
-    assert found, resumed[-2000:]
-    objects = s3.client().list_objects_v2(Bucket=bucket, Prefix="resume/")["Contents"]
-    newest = max(o["Key"] for o in objects)  # the last epoch's, after the resume
-    assert int(newest.removeprefix("resume/checkpoint-step-").removesuffix(".pt")) > int(found[1])
+    before = wait_for(mid_epoch, "a report within the second epoch", timeout=TRAINING_TIMEOUT)
+    evict(jobs, "s3drain-worker-1")
+    preempted = wait_preempted(jobs, "s3drain", 1)
+    assert preempted["lastPreemption"]["reason"] == "EvictionByEvictionAPI", preempted
+
+    def resumed() -> dict[str, Any] | None:
+        status = jobs.status("s3drain")
+        step = (status.get("lastPreemption") or {}).get("resumedFromStep")
+        return status if step else None  # the resumed attempt's own, not the first's 0
+
+    status = wait_for(resumed, "the resumed attempt's report", timeout=TRAINING_TIMEOUT)
+    assert (status["restarts"], status["preemptions"]) == (0, 1), status
+    saved = status["lastPreemption"]["checkpointStep"]  # the step the SIGTERM's save holds
+    assert saved >= global_step(before) and saved % before["stepsPerEpoch"], (saved, before)
+    assert status["lastPreemption"]["resumedFromStep"] == saved, status
+    where = f"s3://{bucket}/resume/checkpoint-step-{saved:010d}.pt"
+    log = logs(jobs, "s3drain-worker-0")
+    assert f"resuming at step {saved} " in log and where in log, log[-2000:]
