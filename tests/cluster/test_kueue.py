@@ -389,13 +389,12 @@ def placed_mpi_pods(jobs: Jobs, name: str) -> tuple[Any, list[Any]]:
     """The running launcher and workers of an MPI job, each where Kueue put it: its ungater
     removed the gate and named the node in the nodeSelector."""
     launcher, workers = wait_mpi_running(jobs, name)
+    workload = workload_of(jobs, name)["metadata"]["name"]
     for pod in (launcher, *workers):
         assert not pod.spec.scheduling_gates
         assert pod.spec.node_selector.get("kubernetes.io/hostname") == pod.spec.node_name
         assert pod.spec.node_selector["kubeddp.io/pool"] == "racked"  # the flavor's
-        assert pod.metadata.annotations[kueue.WORKLOAD_ANNOTATION] == workload_of(jobs, name)[
-            "metadata"
-        ]["name"]
+        assert pod.metadata.annotations[kueue.WORKLOAD_ANNOTATION] == workload
     return launcher, workers
 
 
