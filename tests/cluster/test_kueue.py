@@ -436,9 +436,17 @@ def test_a_job_that_fits_no_rack_waits_saying_why(
     racked_queue: str, jobs: Jobs, operator: OperatorProcess
 ) -> None:
     jobs.create(topology_job("too-wide", racked_queue, 3, "Required"))  # no rack has 3 nodes
-    waiting = wait_suspended(jobs, "too-wide", "Queued")
+    wait_suspended(jobs, "too-wide", "Queued")
+    # Kueue's words follow its first try, which may come after the job is first Queued.
+    wait_for(
+        lambda: (
+            'topology "racks" allows to fit only 2 out of 3 pod(s)'
+            in condition(jobs, "too-wide", "Suspended")["message"]
+        ),
+        "Kueue's words on too-wide",
+    )
+    waiting = condition(jobs, "too-wide", "Suspended")
     assert waiting["message"].startswith(f"Queued in LocalQueue {racked_queue}: ")
-    assert 'topology "racks" allows to fit only 2 out of 3 pod(s)' in waiting["message"]
     assert jobs.pods("too-wide") == []
     assert jobs.get("too-wide")["spec"]["runPolicy"]["suspend"] is True
 
