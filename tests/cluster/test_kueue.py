@@ -88,6 +88,18 @@ def wait_suspended(jobs: Jobs, name: str, reason: str) -> dict[str, Any]:
     return wait_for(suspended, f"{name} Suspended ({reason})", timeout=60)
 
 
+def wait_kueue_says(jobs: Jobs, name: str, words: str) -> dict[str, Any]:
+    """The job's Suspended condition once it is Queued with Kueue's `words`: they follow
+    Kueue's first try, which may come after the job is first Queued."""
+    wait_suspended(jobs, name, "Queued")
+
+    def said() -> dict[str, Any] | None:
+        found = condition(jobs, name, "Suspended")
+        return found if words in found.get("message", "") else None
+
+    return wait_for(said, f"Kueue's words on {name}")
+
+
 def test_second_job_waits_for_the_quota(queued: str, jobs: Jobs, operator: OperatorProcess) -> None:
     # A gang too: Kueue's quota first, then kube-scheduler places both workers or neither.
     jobs.create(queued_job("first", queued, scheduling={"gang": {}}))
@@ -222,14 +234,7 @@ def test_mpi_job_waits_for_the_quota_then_runs_on_each_pod_sets_flavor(
     ]
 
     jobs.create(queued_job("mpi-second", queued, **MPI_2X8))
-    wait_suspended(jobs, "mpi-second", "Queued")
-    wait_for(
-        lambda: (
-            "insufficient unused quota for nvidia.com/gpu"
-            in condition(jobs, "mpi-second", "Suspended")["message"]
-        ),
-        "Kueue's words on mpi-second",
-    )
+    wait_kueue_says(jobs, "mpi-second", "insufficient unused quota for nvidia.com/gpu")
     assert mpijob_of(jobs, "mpi-second")["spec"]["runPolicy"]["suspend"] is True
     assert jobs.pods("mpi-second") == []
 
@@ -436,16 +441,8 @@ def test_a_job_that_fits_no_rack_waits_saying_why(
     racked_queue: str, jobs: Jobs, operator: OperatorProcess
 ) -> None:
     jobs.create(topology_job("too-wide", racked_queue, 3, "Required"))  # no rack has 3 nodes
-    wait_suspended(jobs, "too-wide", "Queued")
-    # Kueue's words follow its first try, which may come after the job is first Queued.
-    wait_for(
-        lambda: (
-            'topology "racks" allows to fit only 2 out of 3 pod(s)'
-            in condition(jobs, "too-wide", "Suspended")["message"]
-        ),
-        "Kueue's words on too-wide",
-    )
-    waiting = condition(jobs, "too-wide", "Suspended")
+    words = 'topology "racks" allows to fit only 2 out of 3 pod(s)'
+    waiting = wait_kueue_says(jobs, "too-wide", words)
     assert waiting["message"].startswith(f"Queued in LocalQueue {racked_queue}: ")
     assert jobs.pods("too-wide") == []
     assert jobs.get("too-wide")["spec"]["runPolicy"]["suspend"] is True
