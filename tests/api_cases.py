@@ -193,14 +193,6 @@ REJECTIONS = [
         rule=True,
     ),
     Rejection(
-        "topology with mpi",
-        {"nodes": 2, "launcher": "mpi", "scheduling": {"topology": {"level": "rack"}}},
-        "spec: scheduling.topology is not supported with launcher mpi: Kueue's Topology Aware "
-        "Scheduling assigns no flavor to the MPI launcher's pod set, which requests nothing; use "
-        "launcher torchrun or remove scheduling.topology",
-        rule=True,
-    ),
-    Rejection(
         "gang timeout for another scheduler",
         {"nodes": 2, "scheduling": {"gang": {"scheduleTimeoutSeconds": 60}}},
         "spec.scheduling.gang: scheduleTimeoutSeconds is read only by scheduler coscheduling",

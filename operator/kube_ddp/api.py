@@ -547,7 +547,8 @@ class SchedulingPolicy(Model):
     topology: TopologyPolicy | None = Field(
         None,
         description="Place the workers in one topology domain through Kueue's Topology Aware "
-        "Scheduling; needs the label kueue.x-k8s.io/queue-name.",
+        "Scheduling (with launcher mpi, the launcher on any node of the queue's flavor); "
+        "needs the label kueue.x-k8s.io/queue-name.",
     )
 
 
@@ -782,15 +783,6 @@ class DDPTrainingJobSpec(Model):
                 or s.launcher != "mpi"
                 or s.scheduling.gang.scheduler != "kubernetes"
             ),
-        ),
-        Rule(
-            # Measured with Kueue v0.19.2 (tests/cluster/test_kueue.py): where the flavors name
-            # a Topology, the launcher's pod set, which requests nothing, gets no flavor.
-            cel="!has(self.scheduling) || !has(self.scheduling.topology) || self.launcher != 'mpi'",
-            message="scheduling.topology is not supported with launcher mpi: Kueue's Topology "
-            "Aware Scheduling assigns no flavor to the MPI launcher's pod set, which requests "
-            "nothing; use launcher torchrun or remove scheduling.topology",
-            holds=lambda s: s.topology is None or s.launcher != "mpi",
         ),
         Rule(
             cel=f"self.port + self.runPolicy.backoffLimit <= {MAX_PORT}",

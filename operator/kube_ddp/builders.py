@@ -696,6 +696,13 @@ def sshd_command(job: DDPTrainingJob) -> list[str]:
     return ["/bin/sh", "-c", script]
 
 
+# What the launcher asks for: mpirun and one ssh per worker. A request Kueue counts gives its pod
+# set a flavor (where every flavor names a Topology, one that requests nothing is never
+# admitted) and the scheduler something to reserve; no limit, so no mpirun is ever throttled
+# or killed for its memory.
+LAUNCHER_REQUESTS: Final = {"cpu": "100m", "memory": "128Mi"}
+
+
 def mpi_pod_labels(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
     """The launcher's and workers' labels: the job and attempt, but not `managed-by`, so the
     operator never takes the MPI Operator's pods for its own torchrun workers."""
@@ -726,19 +733,33 @@ def _launcher_pod_spec(job: DDPTrainingJob, launcher: Obj) -> Obj:
     return pod
 
 
-def launcher_placement(job: DDPTrainingJob) -> Obj:
-    """The launcher's nodeSelector and tolerations as Kueue admitted its pod set (an annotation
-    `kueue.plan` writes on the job); empty when the job was not admitted through a queue, and
-    the launcher goes where the template says."""
+def _admitted_launcher(job: DDPTrainingJob) -> Obj:
+    """The launcher's pod set as Kueue admitted it (an annotation `kueue.plan` writes on the
+    job); empty when the job was not admitted through a queue, and the launcher goes where the
+    template says."""
     kept = job.metadata.annotations.get(names.LAUNCHER_PLACEMENT_ANNOTATION)
-    placement = json.loads(kept) if kept else {}
+    return json.loads(kept) if kept else {}
+
+
+def launcher_placement(job: DDPTrainingJob) -> Obj:
+    """The launcher's nodeSelector and tolerations as Kueue admitted its pod set."""
+    placement = _admitted_launcher(job)
     return {key: placement[key] for key in ("nodeSelector", "tolerations") if key in placement}
 
 
-def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> Obj:
-    """A Kubeflow MPIJob (v2beta1): a launcher running mpirun, one worker pod per node running
-    sshd. kube-ddp keeps the restart decisions (backoffLimit 0 here), the deadline and the TTL
-    across attempts; suspend and cleanPodPolicy are the MPIJob's own (docs/mpi.md)."""
+def _launcher_metadata(job: DDPTrainingJob, labels: dict[str, str]) -> Obj:
+    """The launcher's pod metadata, with the annotations of its admission (Kueue's mark of a
+    pod set it placed by topology unasked)."""
+    metadata = _pod_metadata(job, None, labels)
+    admitted = _admitted_launcher(job).get("annotations") or {}
+    if admitted:
+        metadata["annotations"] = {**metadata.get("annotations", {}), **admitted}
+    return metadata
+
+
+def _mpi_templates(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> dict[str, Obj]:
+    """The MPIJob's pod templates by the Workload's pod set: the launcher running mpirun, a
+    worker running sshd."""
     spec = job.spec
     pod_labels = mpi_pod_labels(job, attempt)
     env = worker_env(job, None, attempt)
@@ -757,18 +778,44 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
         "command": mpirun_command(job),
         "env": env,
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": {"requests": dict(LAUNCHER_REQUESTS)},
         **container_settings(spec, worker=False),
     }
     worker_pod = _pod_spec(job, [worker])
     del worker_pod["restartPolicy"]  # the replica's restartPolicy is the MPIJob's field for it
-    # A gang holds every pod until all can be placed, the launcher among them: it must be
-    # created with the workers (ssh's ConnectionAttempts covers sshd's start).
-    creation = "AtStartup" if gang.gang_of(job) is not None else "WaitForWorkersReady"
     launcher_template = {
-        "metadata": _pod_metadata(job, None, pod_labels),
+        "metadata": _launcher_metadata(job, pod_labels),
         "spec": _launcher_pod_spec(job, launcher),
     }
     worker_template = {"metadata": _pod_metadata(job, None, pod_labels), "spec": worker_pod}
+    return {
+        kueue.LAUNCHER_POD_SET: gang.join(job, launcher_template),
+        kueue.POD_SET: gang.join(job, worker_template),
+    }
+
+
+# The MPIJob's replica of each of the Workload's pod sets.
+MPI_REPLICAS: Final = {kueue.LAUNCHER_POD_SET: "Launcher", kueue.POD_SET: "Worker"}
+
+
+def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> Obj:
+    """A Kubeflow MPIJob (v2beta1): a launcher running mpirun, one worker pod per node running
+    sshd, each template as Kueue's topology ungater finds its pods where Kueue places them by
+    topology. kube-ddp keeps the restart decisions (backoffLimit 0 here), the deadline and the
+    TTL across attempts; suspend and cleanPodPolicy are the MPIJob's own (docs/mpi.md)."""
+    spec = job.spec
+    templates = _mpi_templates(job, attempt, settings)
+    # A gang holds every pod until all can be placed, the launcher among them: it must be
+    # created with the workers (ssh's ConnectionAttempts covers sshd's start).
+    creation = "AtStartup" if gang.gang_of(job) is not None else "WaitForWorkersReady"
+    replicas = {
+        replica: {
+            "replicas": spec.nodes if pod_set == kueue.POD_SET else 1,
+            "restartPolicy": "Never",
+            "template": kueue.placed_by_topology(job, pod_set, templates[pod_set]),
+        }
+        for pod_set, replica in MPI_REPLICAS.items()
+    }
     return {
         "apiVersion": names.MPIJOB_API_VERSION,
         "kind": names.MPIJOB_KIND,
@@ -786,36 +833,28 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
             # Without a gang mpirun starts once every worker's sshd is up, not into retries.
             "launcherCreationPolicy": creation,
             "sshAuthMountPath": _mpi(spec).ssh_auth_mount_path,
-            "mpiReplicaSpecs": {
-                "Launcher": {
-                    "replicas": 1,
-                    "restartPolicy": "Never",
-                    "template": gang.join(job, launcher_template),
-                },
-                "Worker": {
-                    "replicas": spec.nodes,
-                    "restartPolicy": "Never",
-                    "template": gang.join(job, worker_template),
-                },
-            },
+            "mpiReplicaSpecs": replicas,
         },
     }
 
 
 def mpijob_placement(mpijob: Obj) -> list[Obj]:
-    """JSON patch operations that give an existing MPIJob the placement (nodeSelector and
-    tolerations) of `mpijob`'s templates: a suspended MPIJob resumed under a new admission
-    (the MPI Operator copies them into its suspended launcher Job when it resumes)."""
+    """JSON patch operations that give an existing MPIJob the placement (nodeSelector,
+    tolerations, scheduling gates and the pods' labels and annotations, by which Kueue's
+    topology ungater finds them) of `mpijob`'s templates: a suspended MPIJob resumed under a
+    new admission (the MPI Operator copies them into its suspended launcher Job when it
+    resumes)."""
     replicas = mpijob["spec"]["mpiReplicaSpecs"]
-    return [
-        {
-            "op": "add",
-            "path": f"/spec/mpiReplicaSpecs/{replica}/template/spec/{key}",
-            "value": replicas[replica]["template"]["spec"].get(key, empty),
-        }
-        for replica in ("Launcher", "Worker")
-        for key, empty in (("nodeSelector", {}), ("tolerations", []))
-    ]
+    placement = []
+    for replica in MPI_REPLICAS.values():
+        template = replicas[replica]["template"]
+        path = f"/spec/mpiReplicaSpecs/{replica}/template"
+        placement.append({"op": "add", "path": f"{path}/metadata", "value": template["metadata"]})
+        placement += [
+            {"op": "add", "path": f"{path}/spec/{key}", "value": template["spec"].get(key, empty)}
+            for key, empty in (("nodeSelector", {}), ("tolerations", []), ("schedulingGates", []))
+        ]
+    return placement
 
 
 def kueue_pods(job: DDPTrainingJob, settings: BuildSettings) -> dict[str, Obj]:
@@ -823,9 +862,7 @@ def kueue_pods(job: DDPTrainingJob, settings: BuildSettings) -> dict[str, Obj]:
     with launcher mpi the MPIJob's launcher and worker templates (Kueue counts their
     requests; `kueue.build_workload` makes the pod sets)."""
     if job.spec.launcher == "mpi":
-        replicas = build_mpijob(job, 0, settings)["spec"]["mpiReplicaSpecs"]
-        templates = {kueue.LAUNCHER_POD_SET: "Launcher", kueue.POD_SET: "Worker"}
-        return {name: replicas[replica]["template"] for name, replica in templates.items()}
+        return _mpi_templates(job, 0, settings)
     return {kueue.POD_SET: gang.join(job, build_worker_pod(job, 0, 0, settings))}
 
 

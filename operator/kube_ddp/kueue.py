@@ -98,9 +98,16 @@ def _with_metadata(obj: Mapping[str, Any], labels: Obj, annotations: Obj) -> Obj
     return {**obj, "metadata": metadata}
 
 
-def _topology_annotation(job: DDPTrainingJob) -> Obj:
+def _topology_annotation(job: DDPTrainingJob, pod_set: str) -> Obj:
+    """The annotation of the pod set `pod_set`'s topology request: the job's level for the
+    workers; the MPI launcher, which carries none of the collectives' traffic, is
+    unconstrained (any node of the TAS flavor)."""
     topology = job.spec.topology
-    return {TOPOLOGY_ANNOTATIONS[topology.mode]: topology.level} if topology is not None else {}
+    if topology is None:
+        return {}
+    if pod_set == LAUNCHER_POD_SET:
+        return {UNCONSTRAINED_ANNOTATION: "true"}
+    return {TOPOLOGY_ANNOTATIONS[topology.mode]: topology.level}
 
 
 def with_topology(job: DDPTrainingJob, pod_set: Obj, pod_index_label: str | None) -> Obj:
@@ -110,7 +117,10 @@ def with_topology(job: DDPTrainingJob, pod_set: Obj, pod_index_label: str | None
     request = topology_request(job, pod_index_label)
     if request is None:
         return pod_set
-    template = _with_metadata(pod_set["template"], {}, _topology_annotation(job))
+    if pod_set["name"] == LAUNCHER_POD_SET:
+        request = {"unconstrained": True}
+    annotation = _topology_annotation(job, pod_set["name"])
+    template = _with_metadata(pod_set["template"], {}, annotation)
     return {**pod_set, "topologyRequest": request, "template": template}
 
 
@@ -118,11 +128,13 @@ def placed_by_topology(job: DDPTrainingJob, pod_set: str, pod: Obj) -> Obj:
     """`pod` (a pod, or a pod template) of the Workload's pod set `pod_set` as Kueue's topology
     ungater finds it: held by the gate until Kueue writes its domain's node labels into its
     nodeSelector. Unchanged unless the job asks for a topology or its admission placed it by
-    topology all the same; every attempt's pods are placed anew, in the domains of the
-    admission in force."""
-    if job.spec.topology is None and UNCONSTRAINED_ANNOTATION not in job.spec.template.annotations:
+    topology all the same (the admission marked it, and so its template, unconstrained); every
+    attempt's pods are placed anew, in the domains of the admission in force."""
+    marks = (pod["metadata"].get("annotations") or {}).keys()
+    if job.spec.topology is None and UNCONSTRAINED_ANNOTATION not in marks:
         return pod
-    annotations = {**_topology_annotation(job), WORKLOAD_ANNOTATION: workload_name(job)}
+    topology = _topology_annotation(job, pod_set)
+    annotations = {**topology, WORKLOAD_ANNOTATION: workload_name(job)}
     placed = _with_metadata(pod, {POD_SET_LABEL: pod_set}, annotations)
     spec = dict(placed["spec"])
     gates = list(spec.get("schedulingGates") or [])
@@ -180,12 +192,15 @@ def pod_set(name: str, count: int, pod: Mapping[str, Any]) -> Obj:
 def pod_sets(job: DDPTrainingJob, pods: Mapping[str, Mapping[str, Any]]) -> list[Obj]:
     """The Workload's pod sets: `pods` maps a pod set's name (`POD_SET`, and with launcher
     mpi `LAUNCHER_POD_SET`) to its pods' shape; the launcher is one pod, the workers `nodes`,
-    who carry the job's topology request."""
+    who carry the job's topology request, numbered by the label their creator gives them."""
     sets = []
     if LAUNCHER_POD_SET in pods:
-        sets.append(pod_set(LAUNCHER_POD_SET, 1, pods[LAUNCHER_POD_SET]))
+        launcher = pod_set(LAUNCHER_POD_SET, 1, pods[LAUNCHER_POD_SET])
+        sets.append(with_topology(job, launcher, None))
     workers = pod_set(POD_SET, job.spec.nodes, pods[POD_SET])
-    sets.append(with_topology(job, workers, names.LABEL_REPLICA_INDEX))
+    mpi = job.spec.launcher == "mpi"
+    index_label = names.MPI_LABEL_REPLICA_INDEX if mpi else names.LABEL_REPLICA_INDEX
+    sets.append(with_topology(job, workers, index_label))
     return sets
 
 
@@ -248,12 +263,16 @@ def _admission(workload: Mapping[str, Any] | None) -> Obj:
     return dict(((workload or {}).get("status") or {}).get("admission") or {})
 
 
-def assigned_flavors(workload: Mapping[str, Any] | None, name: str = POD_SET) -> list[str]:
-    """The ResourceFlavors Kueue assigned to the pod set `name` (every resource's)."""
+def _assignment(workload: Mapping[str, Any] | None, name: str) -> Obj:
     for assignment in _admission(workload).get("podSetAssignments") or []:
         if assignment.get("name") == name:
-            return sorted(set((assignment.get("flavors") or {}).values()))
-    return []
+            return dict(assignment)
+    return {}
+
+
+def assigned_flavors(workload: Mapping[str, Any] | None, name: str = POD_SET) -> list[str]:
+    """The ResourceFlavors Kueue assigned to the pod set `name` (every resource's)."""
+    return sorted(set((_assignment(workload, name).get("flavors") or {}).values()))
 
 
 def all_assigned_flavors(workload: Mapping[str, Any] | None) -> list[str]:
@@ -262,19 +281,12 @@ def all_assigned_flavors(workload: Mapping[str, Any] | None) -> list[str]:
     return sorted({f for a in assignments for f in (a.get("flavors") or {}).values()})
 
 
-def _worker_assignment(workload: Mapping[str, Any] | None) -> Obj:
-    for assignment in _admission(workload).get("podSetAssignments") or []:
-        if assignment.get("name") == POD_SET:
-            return dict(assignment)
-    return {}
-
-
-def implicit_topology(workload: Mapping[str, Any]) -> bool:
-    """Whether Kueue placed the worker pod set by topology though it asked for none (its
+def implicit_topology(workload: Mapping[str, Any], name: str = POD_SET) -> bool:
+    """Whether Kueue placed the pod set `name` by topology though it asked for none (its
     flavor names a Topology): its pods are then gated like any TAS pod's."""
     pod_sets = (workload.get("spec") or {}).get("podSets") or []
-    asked = any(p.get("name") == POD_SET and p.get("topologyRequest") for p in pod_sets)
-    return not asked and bool(_worker_assignment(workload).get("topologyAssignment"))
+    asked = any(p.get("name") == name and p.get("topologyRequest") for p in pod_sets)
+    return not asked and bool(_assignment(workload, name).get("topologyAssignment"))
 
 
 def admitted_template(
@@ -288,7 +300,7 @@ def admitted_template(
     node_selector: dict[str, str] = dict(before.get("nodeSelector") or {})
     tolerations: list[Any] = list(before.get("tolerations") or [])
     wanted: dict[str, Any] = {"nodeSelector": node_selector, "tolerations": tolerations}
-    if name == POD_SET and implicit_topology(workload):
+    if implicit_topology(workload, name):
         wanted["annotations"] = {UNCONSTRAINED_ANNOTATION: "true"}
     for flavor in assigned_flavors(workload, name):
         flavor_spec = flavors[flavor].get("spec") or {}

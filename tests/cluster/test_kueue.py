@@ -88,6 +88,18 @@ def wait_suspended(jobs: Jobs, name: str, reason: str) -> dict[str, Any]:
     return wait_for(suspended, f"{name} Suspended ({reason})", timeout=60)
 
 
+def wait_kueue_says(jobs: Jobs, name: str, words: str) -> dict[str, Any]:
+    """The job's Suspended condition once it is Queued with Kueue's `words`: they follow
+    Kueue's first try, which may come after the job is first Queued."""
+    wait_suspended(jobs, name, "Queued")
+
+    def said() -> dict[str, Any] | None:
+        found = condition(jobs, name, "Suspended")
+        return found if words in found.get("message", "") else None
+
+    return wait_for(said, f"Kueue's words on {name}")
+
+
 def test_second_job_waits_for_the_quota(queued: str, jobs: Jobs, operator: OperatorProcess) -> None:
     # A gang too: Kueue's quota first, then kube-scheduler places both workers or neither.
     jobs.create(queued_job("first", queued, scheduling={"gang": {}}))
@@ -210,12 +222,11 @@ def test_mpi_job_waits_for_the_quota_then_runs_on_each_pod_sets_flavor(
     launcher_set, worker_set = workload_of(jobs, "mpi-first")["spec"]["podSets"]
     assert (launcher_set["name"], launcher_set["count"]) == ("launcher", 1)
     assert (worker_set["name"], worker_set["count"]) == ("worker", 2)
-    # The workers' pod set took the nvidia flavor; the launcher asks for nothing Kueue counts,
-    # so it gets no flavor and none of the workers' selectors.
+    # Each pod set took the first flavor with room for its requests: the launcher's CPU and
+    # memory fit nvidia's, as the workers' GPUs do.
     assert sorted(p.spec.node_name for p in workers) == ["gpu-node-0", "gpu-node-1"]
-    for pod in workers:
+    for pod in (launcher, *workers):
         assert pod.spec.node_selector == {"kubeddp.io/accelerator": "nvidia"}
-    assert not (launcher.spec.node_selector or {})
     # Kueue's MPIJob integration (enabled: hack/devcluster/kueue.py) takes this MPIJob for a
     # child of a job it knows: the job's Workload is the only one.
     listed = jobs.cluster.custom_objects.list_namespaced_custom_object(
@@ -226,14 +237,7 @@ def test_mpi_job_waits_for_the_quota_then_runs_on_each_pod_sets_flavor(
     ]
 
     jobs.create(queued_job("mpi-second", queued, **MPI_2X8))
-    wait_suspended(jobs, "mpi-second", "Queued")
-    wait_for(
-        lambda: (
-            "insufficient unused quota for nvidia.com/gpu"
-            in condition(jobs, "mpi-second", "Suspended")["message"]
-        ),
-        "Kueue's words on mpi-second",
-    )
+    wait_kueue_says(jobs, "mpi-second", "insufficient unused quota for nvidia.com/gpu")
     assert mpijob_of(jobs, "mpi-second")["spec"]["runPolicy"]["suspend"] is True
     assert jobs.pods("mpi-second") == []
 
@@ -389,21 +393,50 @@ def test_a_job_that_fits_a_rack_runs_in_one(
     jobs.delete("in-rack")  # its Workload goes with it, sooner than with the namespace
 
 
-def test_an_mpi_job_in_a_queue_of_topology_flavors_waits_saying_why(
+def placed_mpi_pods(jobs: Jobs, name: str) -> tuple[Any, list[Any]]:
+    """The running launcher and workers of an MPI job, each where Kueue put it: its ungater
+    removed the gate and named the node in the nodeSelector."""
+    launcher, workers = wait_mpi_running(jobs, name)
+    workload = workload_of(jobs, name)["metadata"]["name"]
+    for pod in (launcher, *workers):
+        assert not pod.spec.scheduling_gates
+        assert pod.spec.node_selector.get("kubernetes.io/hostname") == pod.spec.node_name
+        assert pod.spec.node_selector["kubeddp.io/pool"] == "racked"  # the flavor's
+        assert pod.metadata.annotations[kueue.WORKLOAD_ANNOTATION] == workload
+    return launcher, workers
+
+
+def test_an_mpi_job_that_fits_a_rack_runs_its_workers_in_one(
     mpi_operator: None, racked_queue: str, jobs: Jobs, operator: OperatorProcess
 ) -> None:
-    """Why scheduling.topology is refused with launcher mpi: where every flavor names a
-    Topology, Kueue gives the launcher's pod set, which requests nothing, no flavor at all."""
-    manifest = queued_job("mpi-racked", racked_queue, **MPI_2X8)
+    manifest = topology_job("mpi-in-rack", racked_queue, 2, "Required")
+    manifest["spec"].update(MPI_2X8)
     jobs.create(manifest)
-    wait_for(
-        lambda: (
-            "failed to assign flavors to pod set launcher: no TAS flavor assigned"
-            in condition(jobs, "mpi-racked", "Suspended").get("message", "")
-        ),
-        "Kueue's words on mpi-racked",
-    )
-    assert jobs.status("mpi-racked")["phase"] == "Suspended"
+    launcher, workers = placed_mpi_pods(jobs, "mpi-in-rack")
+    racks = {NODES[p.spec.node_name] for p in workers}
+    assert len(workers) == 2 and len(racks) == 1
+    assert NODES[launcher.spec.node_name] in RACKS  # unconstrained: any node of the flavor
+    launcher_set, worker_set = workload_of(jobs, "mpi-in-rack")["status"]["admission"][
+        "podSetAssignments"
+    ]
+    assert launcher_set["name"] == "launcher" and launcher_set["topologyAssignment"]
+    assert worker_set["topologyAssignment"]["levels"] == ["kubernetes.io/hostname"]
+    end_mpi_job(jobs, "mpi-in-rack", launcher)
+    jobs.delete("mpi-in-rack")
+
+
+def test_an_mpi_job_without_a_topology_is_still_placed_by_kueue(
+    mpi_operator: None, racked_queue: str, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """Every flavor names a Topology: Kueue places both pod sets (its implicit TAS), the
+    launcher by its own small request; the MPIJob, created before the admission, is resumed
+    with both templates marked and gated."""
+    jobs.create(queued_job("mpi-racked", racked_queue, **MPI_2X8))
+    launcher, workers = placed_mpi_pods(jobs, "mpi-racked")
+    assert len(workers) == 2
+    for pod in (launcher, *workers):
+        assert pod.metadata.annotations[kueue.UNCONSTRAINED_ANNOTATION] == "true"
+    end_mpi_job(jobs, "mpi-racked", launcher)
     jobs.delete("mpi-racked")
 
 
@@ -411,9 +444,9 @@ def test_a_job_that_fits_no_rack_waits_saying_why(
     racked_queue: str, jobs: Jobs, operator: OperatorProcess
 ) -> None:
     jobs.create(topology_job("too-wide", racked_queue, 3, "Required"))  # no rack has 3 nodes
-    waiting = wait_suspended(jobs, "too-wide", "Queued")
+    words = 'topology "racks" allows to fit only 2 out of 3 pod(s)'
+    waiting = wait_kueue_says(jobs, "too-wide", words)
     assert waiting["message"].startswith(f"Queued in LocalQueue {racked_queue}: ")
-    assert 'topology "racks" allows to fit only 2 out of 3 pod(s)' in waiting["message"]
     assert jobs.pods("too-wide") == []
     assert jobs.get("too-wide")["spec"]["runPolicy"]["suspend"] is True
 

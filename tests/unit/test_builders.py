@@ -11,6 +11,7 @@ import pytest
 from ddp_trainer import contract
 from kube_ddp import names
 from kube_ddp.builders import (
+    LAUNCHER_REQUESTS,
     OPEN_MPI_ENV,
     RESTRICTED_CONTAINER_CONTEXT,
     RESTRICTED_POD_CONTEXT,
@@ -801,7 +802,7 @@ def test_the_mpi_launcher_gets_the_templates_placement_but_not_the_data() -> Non
     assert [v["name"] for v in launcher["volumes"]] == ["tools"]
     (container,) = launcher["containers"]
     assert container["volumeMounts"] == [{"name": "tools", "mountPath": "/opt/tools"}]
-    assert "resources" not in container
+    assert container["resources"] == {"requests": LAUNCHER_REQUESTS}  # no device
     assert "hostIPC" not in launcher and "tolerations" not in launcher
     worker_pod = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     assert {v["name"] for v in worker_pod["volumes"]} == {"data", "tools", "dshm"}

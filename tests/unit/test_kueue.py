@@ -12,7 +12,13 @@ import pytest
 
 from kube_ddp import kueue, names
 from kube_ddp.api import DDPTrainingJob, JobStatus, load_job
-from kube_ddp.builders import BuildSettings, build_children, job_labels, kueue_pods
+from kube_ddp.builders import (
+    LAUNCHER_REQUESTS,
+    BuildSettings,
+    build_children,
+    job_labels,
+    kueue_pods,
+)
 from kube_ddp.controller import Controller
 from kube_ddp.kube import workload_path
 from kube_ddp.reasons import Reason
@@ -425,7 +431,8 @@ def test_mpi_workload_has_the_launchers_and_the_workers_pod_sets() -> None:
     assert worker["template"]["spec"] == replicas["Worker"]["template"]["spec"]
     requests = worker["template"]["spec"]["containers"][0]["resources"]["requests"]
     assert requests["nvidia.com/gpu"] == 8
-    assert "resources" not in launcher["template"]["spec"]["containers"][0]
+    launcher_requests = launcher["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert launcher_requests == LAUNCHER_REQUESTS
 
 
 def test_mpi_admission_places_each_pod_set_by_its_own_flavor() -> None:

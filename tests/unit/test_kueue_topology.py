@@ -1,6 +1,7 @@
 """Topology-aware placement through Kueue's TAS (kube_ddp.kueue): the pod set's topology
-request, what the workers carry for Kueue's topology ungater, and the refusal of a job that
-asks for a topology without a queue (render and the operator alike)."""
+request, what the workers (with launcher mpi, the MPIJob's templates) carry for Kueue's
+topology ungater, and the refusal of a job that asks for a topology without a queue (render
+and the operator alike)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from typing import Any
 import pytest
 
 from kube_ddp import kueue, names
-from kube_ddp.builders import build_children
+from kube_ddp.api import load_job
+from kube_ddp.builders import LAUNCHER_REQUESTS, build_children
 from kube_ddp.controller import Controller
+from kube_ddp.kube import workload_path
+from kube_ddp.status.views import MPIJobView
 from tests.unit.fake_api import FakeApi
 from tests.unit.test_cli import BAR, render
 from tests.unit.test_controller import KEY, job_body, run, start, written_statuses
@@ -149,3 +153,92 @@ def test_a_job_that_asked_for_a_topology_is_not_marked_unconstrained() -> None:
     admitted = with_status(workload_for(job), admission=TAS_ADMISSION, conditions=ADMITTED)
     step = kueue.plan(job, admitted, {"racked": {"spec": {}}}, False, NOW)
     assert "annotations" not in step.job_patch["spec"]["template"]
+
+
+# --- launcher mpi: the workers in one domain, the launcher on any node of the flavor --------
+
+MPI_TOPOLOGY = {**with_topology(), "launcher": "mpi"}
+
+
+def mpijob_templates(job: Any) -> dict[str, Any]:
+    (mpijob,) = [c for c in build_children(job) if c["kind"] == names.MPIJOB_KIND]
+    replicas = mpijob["spec"]["mpiReplicaSpecs"]
+    return {kueue.LAUNCHER_POD_SET: replicas["Launcher"], kueue.POD_SET: replicas["Worker"]}
+
+
+def test_an_mpi_workload_asks_a_domain_for_the_workers_and_none_for_the_launcher() -> None:
+    launcher, worker = workload_for(queued_job(MPI_TOPOLOGY))["spec"]["podSets"]
+    # The MPI Operator numbers its workers with its own label.
+    assert worker["topologyRequest"] == {
+        "required": RACK,
+        "podIndexLabel": names.MPI_LABEL_REPLICA_INDEX,
+    }
+    assert launcher["topologyRequest"] == {"unconstrained": True}
+    assert launcher["template"]["metadata"]["annotations"] == {
+        kueue.UNCONSTRAINED_ANNOTATION: "true"
+    }
+    # A pod set that requests nothing gets no flavor, and in a TAS queue is never admitted.
+    requests = launcher["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert requests == LAUNCHER_REQUESTS
+    assert all("schedulingGates" not in p["template"]["spec"] for p in (launcher, worker))
+
+
+def test_the_mpi_operators_pods_wait_at_the_gate_for_kueues_domain() -> None:
+    job = queued_job(MPI_TOPOLOGY)
+    templates = mpijob_templates(job)
+    for pod_set, annotation in (
+        (kueue.LAUNCHER_POD_SET, {kueue.UNCONSTRAINED_ANNOTATION: "true"}),
+        (kueue.POD_SET, {"kueue.x-k8s.io/podset-required-topology": RACK}),
+    ):
+        template = templates[pod_set]["template"]
+        assert template["spec"]["schedulingGates"] == [{"name": kueue.TOPOLOGY_GATE}]
+        assert template["metadata"]["labels"][kueue.POD_SET_LABEL] == pod_set
+        assert template["metadata"]["annotations"] == {
+            kueue.WORKLOAD_ANNOTATION: kueue.workload_name(job),
+            **annotation,
+        }
+
+
+def test_mpi_templates_without_topology_are_not_gated() -> None:
+    templates = mpijob_templates(queued_job({**GPUS, "launcher": "mpi"}))
+    for replica in templates.values():
+        assert "schedulingGates" not in replica["template"]["spec"]
+        assert kueue.POD_SET_LABEL not in replica["template"]["metadata"]["labels"]
+
+
+MPI_TAS_ADMISSION = {
+    "clusterQueue": "cq",
+    "podSetAssignments": [
+        {**TAS_ADMISSION["podSetAssignments"][0], "name": "launcher", "count": 1},
+        *TAS_ADMISSION["podSetAssignments"],
+    ],
+}
+
+
+def test_an_mpi_job_kueue_placed_by_topology_unasked_resumes_gated() -> None:
+    """Kueue's implicit TAS for both pod sets: the MPIJob, created before the admission, is
+    resumed with both templates marked and gated."""
+    body = queued_body(**GPUS, launcher="mpi", runPolicy={"suspend": True})
+    body["status"] = {"phase": "Suspended"}
+    job = load_job(body)
+    fake = FakeApi()
+    fake.objects[workload_path("ns1", kueue.workload_name(job))] = with_status(
+        workload_for(job), admission=MPI_TAS_ADMISSION, conditions=ADMITTED
+    )
+    fake.objects[kueue.flavor_path("racked")] = {"spec": {}}
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, body)
+        controller.mpijobs[KEY] = MPIJobView(name="bar", attempt=0, suspended=True)
+        await controller.reconcile(KEY)  # the admission written on the job, the MPIJob resumed
+
+    run(scenario, fake)
+    (resume,) = fake.made("PATCH", "/mpijobs/")
+    ops = {op["path"]: op["value"] for op in resume.body}
+    assert ops["/spec/runPolicy/suspend"] is False
+    for replica, pod_set in (("Launcher", kueue.LAUNCHER_POD_SET), ("Worker", kueue.POD_SET)):
+        template = f"/spec/mpiReplicaSpecs/{replica}/template"
+        assert ops[f"{template}/spec/schedulingGates"] == [{"name": kueue.TOPOLOGY_GATE}]
+        metadata = ops[f"{template}/metadata"]
+        assert metadata["labels"][kueue.POD_SET_LABEL] == pod_set
+        assert metadata["annotations"][kueue.UNCONSTRAINED_ANNOTATION] == "true"
