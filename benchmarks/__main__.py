@@ -1,4 +1,5 @@
-"""python -m benchmarks [trainer|operator|all] [--peers] [--repeats N] [--quick] [--no-write]"""
+"""python -m benchmarks [trainer|checkpoint|work-lost|operator|all] [--peers] [--repeats N]
+[--quick] [--no-write]"""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from benchmarks.markdown import replace_section
 
 DOCUMENT = Path(__file__).resolve().parents[1] / "docs" / "BENCHMARKS.md"
 # name -> module of this package, in the order `all` runs them; each section is named after it.
-BENCHMARKS = {"trainer": "trainer", "checkpoint": "checkpoint_cost", "operator": "operator_bench"}
+BENCHMARKS = {
+    "trainer": "trainer",
+    "checkpoint": "checkpoint_cost",
+    "work-lost": "work_lost",
+    "operator": "operator_bench",
+}
 
 
 def main(argv: list[str] | None = None) -> int:

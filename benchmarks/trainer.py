@@ -76,12 +76,9 @@ class Variant:
     def images_per_sec(self, workload: tuple[str, ...]) -> float:
         with tempfile.TemporaryDirectory() as scratch:
             summary = Path(scratch) / "summary.json"
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBEDDP_", "DDP_"))}
-            env["OMP_NUM_THREADS"] = str(max(1, cpu_count() // self.processes))
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
             done = subprocess.run(
                 self.command(workload, summary),
-                env=env,
+                env=trainer_env(self.processes),
                 cwd=scratch,
                 capture_output=True,
                 text=True,
@@ -107,6 +104,15 @@ def measure(
             samples[variant.label].append(rate)
             print(f"  [{repeat + 1}/{repeats}] {variant.label}: {rate:,.0f} img/s", file=sys.stderr)
     return {label: Rate(tuple(values)) for label, values in samples.items()}
+
+
+def trainer_env(processes: int) -> dict[str, str]:
+    """This environment without the trainer's own variables (test hooks, the operator's), the
+    cores shared among `processes`, and this repository importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBEDDP_", "DDP_"))}
+    env["OMP_NUM_THREADS"] = str(max(1, cpu_count() // processes))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
 
 
 def cpu_count() -> int:
