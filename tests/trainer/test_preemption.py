@@ -128,6 +128,29 @@ def test_sigterm_before_the_process_group_exists_exits_86_without_saving(
     assert not checkpoints.exists()
 
 
+# A rank whose training is over: its group destroyed, then SIGTERM, as a finished job's last
+# workers are stopped.
+AFTER_THE_GROUP = """
+import os, signal, time
+from ddp_trainer.preemption import Preemption
+preemption = Preemption()
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+preemption.stop_requested()
+dist.destroy_process_group()
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(1)
+print("ended as it ended")
+"""
+
+
+def test_sigterm_after_the_group_is_gone_leaves_the_exit_code_alone() -> None:
+    env = support.clean_env(WORLD_SIZE="2")  # one of several ranks, as the job says
+    code = AFTER_THE_GROUP.format(port=free_port())
+    run = support.run([str(support.VENV_BIN / "python"), "-c", code], env).check()
+    assert "ended as it ended" in run.stdout
+
+
 OWN_SCRIPT = support.REPO / "manifests" / "examples" / "own-script" / "train.py"
 
 

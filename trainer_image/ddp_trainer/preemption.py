@@ -48,6 +48,7 @@ class Preemption:
         self._group: Any = None  # the gloo group of the agreement, made on first use
         self._pending: tuple[Any, Any] | None = None  # the all-reduce in flight, its flags
         self._due = False  # said since the last all-reduce was sent
+        self._grouped = False  # a process group has existed: training began
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
             self._watch_while_blocked()
@@ -59,8 +60,10 @@ class Preemption:
     def _exit_if_no_group(self) -> None:
         # Not imported (or half imported) yet: no group either.
         is_initialized = getattr(sys.modules.get("torch.distributed"), "is_initialized", None)
-        grouped = is_initialized is not None and is_initialized()
-        if not grouped and not self._single_process():
+        self._grouped |= is_initialized is not None and is_initialized()
+        # A group already destroyed: training is over and the process about to end as it
+        # ended (a finished job's last workers are stopped this way), not as preempted.
+        if not self._grouped and not self._single_process():
             # No group yet: nothing trained, nothing to save.
             print("SIGTERM before training started: exiting", file=sys.stderr, flush=True)
             sys.stdout.flush()
@@ -106,6 +109,7 @@ class Preemption:
         if self._calls % self.every_steps:
             return False, False
         dist = _distributed()
+        self._grouped |= dist.is_initialized()
         if not dist.is_initialized() or dist.get_world_size() == 1:
             sent, self._due = self._due, False
             return self.requested, sent
