@@ -170,7 +170,7 @@ def test_a_killed_rank_restarts_the_group_which_resumes(platform: Platform, jobs
     assert status["restarts"] == 1
     failure = status["failure"]
     assert (failure["pod"], failure["exitCode"]) == ("resume-worker-1", 137)
-    assert "resuming after epoch" in logs(jobs, "resume-worker-0")
+    assert "resuming at step" in logs(jobs, "resume-worker-0")
     assert Reason.WORKER_FAILED in jobs.events("resume")
 
 
@@ -214,7 +214,7 @@ def test_a_hung_rank_restarts_the_group_at_the_progress_deadline(
         f"more than progressDeadlineSeconds ({PROGRESS_DEADLINE}s) ago: a rank or a collective hung"
     ), failure
     assert Reason.PROGRESS_DEADLINE_EXCEEDED in jobs.events("hang")
-    assert "resuming after epoch" in logs(jobs, "hang-worker-0")
+    assert "resuming at step" in logs(jobs, "hang-worker-0")
     assert took <= PROGRESS_DEADLINE + 30 + 10  # the last report is at most a heartbeat old
 
 
