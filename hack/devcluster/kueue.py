@@ -100,9 +100,37 @@ def _remove(bin_dir: Path) -> None:
     """Everything `running` added, in the order that leaves no hook without its server."""
     for kind, name in WEBHOOK_CONFIGS.items():
         kubectl("delete", kind.lower(), name, "--ignore-not-found")
+    _release_objects()
     files = [bin_dir / f"kueue.x-k8s.io_{crd}.yaml" for crd in KUEUE_CRDS]
     kubectl("delete", "--ignore-not-found", "--wait=false", *(f"--filename={f}" for f in files))
     kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false")
+    _wait_gone([f"crd/{crd}.kueue.x-k8s.io" for crd in KUEUE_CRDS] + [f"namespace/{NAMESPACE}"])
+
+
+def _release_objects() -> None:
+    """Kueue's finalizers on its objects outlive a stopped Kueue, which alone removes them:
+    left, they would hold its CRDs Terminating, and the next start could not create them."""
+    for crd in KUEUE_CRDS:
+        resource = f"{crd}.kueue.x-k8s.io"
+        listed = kubectl("get", resource, "--all-namespaces", "--output=json", check=False)
+        for item in json.loads(listed or '{"items": []}')["items"]:
+            meta = item["metadata"]
+            if meta.get("finalizers"):
+                where = [f"--namespace={meta['namespace']}"] if "namespace" in meta else []
+                unfinalized = '{"metadata": {"finalizers": null}}'
+                kubectl("patch", resource, meta["name"], *where, "--type=merge", "-p", unfinalized)
+
+
+def _terminating_crds() -> list[str]:
+    names = [f"{crd}.kueue.x-k8s.io" for crd in KUEUE_CRDS]
+    listed = kubectl("get", "crd", *names, "--ignore-not-found", "--output=json", check=False)
+    found = json.loads(listed or '{"items": []}')
+    items = found.get("items", [found] if "metadata" in found else [])
+    return [f"crd/{i['metadata']['name']}" for i in items if i["metadata"].get("deletionTimestamp")]
+
+
+def _wait_gone(objects: list[str]) -> None:
+    kubectl("wait", "--for=delete", "--timeout=60s", *objects, check=False)
 
 
 @contextlib.contextmanager
@@ -146,6 +174,9 @@ def running(state: State) -> Iterator[Component]:
     kubectl("apply", "-f", "-", stdin=json.dumps(namespace))
     component: Component | None = None
     try:
+        if terminating := _terminating_crds():  # a Kueue stopped without this cleanup
+            _release_objects()
+            _wait_gone(terminating)
         _apply_crds(bin_dir)
         process = spawn_to(LOG, argv)
         component = {"name": "kueue", "pid": process.pid, "argv": command}
