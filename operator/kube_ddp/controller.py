@@ -257,7 +257,8 @@ class Controller:
         # preemption; a group already stopped need not wait for them.
         words = self.last_words.pop(key, {})
         if status.phase in UNDER_WAY:
-            pods += [pod for pod in words.values() if pod.name not in {p.name for p in pods}]
+            seen = {p.name for p in pods}
+            pods += [pod for pod in words.values() if pod.name not in seen]
         expected = self.expectations.pending(key, asyncio.get_running_loop().time())
         body, job, queued = await self._apply_kueue(key, body, job, pods)
         if queued.refused is not None:
@@ -410,8 +411,9 @@ class Controller:
             await self.kube.delete_mpijob(namespace, action.name)
         elif isinstance(action, SuspendMPIJob):
             # Resumed with the job's placement now (a queued job's admitted flavors).
-            mpijob = build_mpijob(job, 0, self.build_settings)
-            placement = [] if action.suspend else mpijob_placement(mpijob)
+            placement = []
+            if not action.suspend:  # built only to resume
+                placement = mpijob_placement(build_mpijob(job, 0, self.build_settings))
             await self.kube.suspend_mpijob(namespace, action.name, action.suspend, placement)
 
     async def _create_child(self, job: DDPTrainingJob, child: dict[str, Any]) -> None:
