@@ -124,8 +124,7 @@ def _release_objects() -> None:
 def _terminating_crds() -> list[str]:
     names = [f"{crd}.kueue.x-k8s.io" for crd in KUEUE_CRDS]
     listed = kubectl("get", "crd", *names, "--ignore-not-found", "--output=json", check=False)
-    found = json.loads(listed or '{"items": []}')
-    items = found.get("items", [found] if "metadata" in found else [])
+    items = json.loads(listed or '{"items": []}')["items"]  # several names: always a List
     return [f"crd/{i['metadata']['name']}" for i in items if i["metadata"].get("deletionTimestamp")]
 
 
