@@ -228,6 +228,14 @@ class RunPolicy(Model):
         default_factory=list,
         description="Exit codes below 128 that still count as retryable under ExitCode.",
     )
+    restart_strategy: Literal["InPlace", "Recreate"] = Field(
+        "InPlace",
+        description="How a retryable failure restarts the group: InPlace (a rank that fails in "
+        "a healthy pod is restarted there by the pod's agent, with its peers, and a lost pod is "
+        "the only one recreated) or Recreate (every pod is deleted and created again). InPlace "
+        "needs the trainer package in the image (the trainer image, or a job that runs the "
+        "trainer); other jobs are recreated.",
+    )
     active_deadline_seconds: int | None = Field(
         None, ge=1, description="Fail the job (DeadlineExceeded) this long after it started."
     )
@@ -1015,6 +1023,24 @@ class TrainingProgress(StatusModel):
     )
 
 
+class RankRestart(StatusModel):
+    """An in-place restart, as the pod agent (ddp_trainer.torchrun) that restarted its ranks
+    reports it: written by that agent, read by the operator, which counts it in restarts."""
+
+    attempt: int | None = Field(None, description="The attempt (KUBEDDP_ATTEMPT) it restarted.")
+    count: int | None = Field(
+        None, description="In-place restarts of that attempt so far, this one included."
+    )
+    time: datetime | None = Field(None, description="When the agent restarted its ranks.")
+    pod: str | None = Field(None, description="The pod whose rank failed.")
+    node: str | None = Field(None, description="The node that pod runs on.")
+    rank: int | None = Field(None, description="The global rank that failed.")
+    exit_code: int | None = Field(
+        None, description="How it ended: its exit code, or 128 + the signal that killed it."
+    )
+    message: str | None = Field(None, description="The agent's words on it.")
+
+
 class Preemption(StatusModel):
     """A preemption: the group was stopped from outside (a drain, an eviction, the scheduler, a
     suspend, Kueue) and resumes, no restart counted."""
@@ -1063,6 +1089,9 @@ class JobStatus(StatusModel):
     failure: Failure | None = Field(None, description="The first failure of the last attempt.")
     training: TrainingProgress | None = Field(
         None, description="Training progress reported by the trainer."
+    )
+    rank_restart: RankRestart | None = Field(
+        None, description="The newest in-place restart, as the pod agent that made it reports it."
     )
 
 

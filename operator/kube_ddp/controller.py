@@ -483,6 +483,8 @@ def _raise_refusal(results: Iterable[object], pods: tuple[str, ...]) -> None:
 
 
 def _owned_status(status: JobStatus) -> dict[str, Any]:
-    """The status fields the operator writes: status.training belongs to the trainer, so what
-    we read of it is never written back."""
-    return status.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"training"})
+    """The status fields the operator writes: status.training belongs to the trainer and
+    status.rankRestart to the pod agents, so what we read of them is never written back."""
+    return status.model_dump(
+        mode="json", by_alias=True, exclude_none=True, exclude={"training", "rank_restart"}
+    )

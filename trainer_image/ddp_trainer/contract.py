@@ -8,6 +8,7 @@ env contract").
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Final
 
 # --- the status API the trainer's rank 0 reports to ---------------------------------------------
@@ -96,6 +97,29 @@ FLIGHT_RECORDER_FILE: Final = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 # The trainer's exit code when a collective timed out or a peer went away (torch.distributed
 # raised, not the program): the operator's default rules restart the group for it.
 EXIT_PEER_LOST: Final = 88
+
+# --- restarts in place: the pod's agent restarts its ranks, the pods stay -----------------------
+# The failure rules the agent (ddp_trainer.torchrun) applies to its own ranks before it restarts
+# them in place, the same the operator applies to pods: runPolicy.restartPolicy and
+# runPolicy.retryableExitCodes (comma-separated), set by the operator on every worker.
+RESTART_POLICY_ENV: Final = "KUBEDDP_RESTART_POLICY"
+RETRYABLE_EXIT_CODES_ENV: Final = "KUBEDDP_RETRYABLE_EXIT_CODES"
+SIGNALLED: Final = 128  # a process killed by signal n ends as 128 + n, as the kubelet reports it
+# The status field the agent that restarted the group in place merge-patches (RankRestart in the
+# operator's api): the operator counts it in status.restarts and says it in an Event.
+RANK_RESTART_FIELD: Final = "rankRestart"
+
+
+def exit_restarts(code: int, policy: str, retryable: Collection[int] = ()) -> bool:
+    """Whether a rank's or pod's exit `code` restarts the group (in place or recreated) under
+    restartPolicy `policy` (docs/design.md, "Failure rules"): under ExitCode, a signal (>= 128:
+    OOM, SIGKILL), a failed download, a lost peer, or a code the job lists as retryable."""
+    if policy == "Never":
+        return False
+    if policy == "OnFailure":
+        return True
+    return code >= SIGNALLED or code in (EXIT_TEMPORARY, EXIT_PEER_LOST) or code in retryable
+
 
 # --- checkpoints in an S3-compatible object store ------------------------------------------
 # `checkpointDir: s3://BUCKET[/PREFIX]` (ddp_trainer.stores): a bucket name as S3 allows it,
