@@ -1010,6 +1010,9 @@ class TrainingProgress(StatusModel):
     images_per_sec: float | None = Field(None, description="Training throughput, all ranks.")
     step: int | None = Field(None, description="Steps done in the epoch under way.")
     steps_per_epoch: int | None = Field(None, description="Steps in one epoch.")
+    world_size: int | None = Field(
+        None, description="Ranks training now: fewer than planned while an elastic job is short."
+    )
     progress_percentage: int | None = Field(
         None, description="How much of the planned training is done (0-100)."
     )
