@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddp_trainer.contract import EXIT_PREEMPTED, RANK_RESTART_FIELD
+from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED, RANK_RESTART_FIELD
 from kube_ddp.local.plan import free_port
 from tests.trainer import support
 from tests.trainer.support import FakeApiServer
@@ -114,6 +114,21 @@ def test_ranks_stopped_for_a_peers_sigterm_restart_unreported_and_uncounted(
     assert starts == ["0", "0", "1", "1"]
     assert f"every failed rank exited {EXIT_PREEMPTED}" in run.stderr
     assert support.patches_of(api_server, RANK_RESTART_FIELD) == []
+
+
+def test_a_rendezvous_that_times_out_exits_88(tmp_path: Path) -> None:
+    """A peer that never comes (its pod cannot be scheduled): the agent exits 88, retryable,
+    not torchrun's 1."""
+    script = tmp_path / "rank.py"
+    script.write_text("")
+    command = support.agent_command(str(script), port=free_port(), nnodes="2", host=True)
+    command.insert(
+        command.index("--rdzv-conf=is_host=true"), "--rdzv-conf=is_host=true,join_timeout=2"
+    )
+    command.remove("--rdzv-conf=is_host=true")
+    run = support.run(command)
+    assert run.returncode == EXIT_PEER_LOST, run.stderr[-3000:]
+    assert run.stderr.rstrip().endswith(f"exiting {EXIT_PEER_LOST}")
 
 
 # --- whole trainer runs, one agent per pod ------------------------------------------------------
