@@ -189,7 +189,9 @@ def test_heartbeats_report_the_step_by_time_not_by_step(
     interval however many steps pass, with the step, the percentage and the time left."""
     clock = Clock()
     reporter = StatusReporter(status_url(api_server.url, "team-a", "mnist"), token_file)
-    heartbeat = Heartbeat(reporter, epochs=4, steps_per_epoch=100, every=30, clock=clock)
+    heartbeat = Heartbeat(
+        reporter, epochs=4, steps_per_epoch=100, world_size=3, every=30, clock=clock
+    )
     sent = []
     for step in range(1, 101):  # one step a second through the first epoch
         clock.now += 1
@@ -204,6 +206,7 @@ def test_heartbeats_report_the_step_by_time_not_by_step(
         "stepsPerEpoch": 100,
         "progressPercentage": 7,
         "estimatedRemainingSeconds": 369,  # 369 steps left at 1 step/s
+        "worldSize": 3,  # the ranks training now
     }
     datetime.strptime(training["updatedAt"], "%Y-%m-%dT%H:%M:%SZ")
 
