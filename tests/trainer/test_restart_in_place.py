@@ -4,14 +4,17 @@ their status patches caught by a local HTTP server standing in for the API serve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED, RANK_RESTART_FIELD
 from kube_ddp.local.plan import free_port
@@ -153,15 +156,26 @@ def wait_until(what: str, done: Callable[[], bool], agents: list[subprocess.Pope
     return time.time()
 
 
+STARTED: list[subprocess.Popen[str]] = []  # every agent a test started, for its teardown
+
+
+@pytest.fixture(autouse=True)
+def _no_pod_outlives_its_test() -> Iterator[None]:
+    yield
+    while STARTED:
+        agent = STARTED.pop()
+        if agent.poll() is None:
+            kill_pod(agent)
+
+
 def start_agent(
     pod: str, command: list[str], env: dict[str, str], logs: Path
 ) -> subprocess.Popen[str]:
-    """An agent in a session of its own (a pod: its process group can be killed whole), its
-    output in `logs`/<pod>.log."""
+    """An agent (a pod), its output in `logs`/<pod>.log."""
     out = (logs / f"{pod}.log").open("a")
-    return subprocess.Popen(
-        command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    agent = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    STARTED.append(agent)
+    return agent
 
 
 def kill_pod(agent: subprocess.Popen[str]) -> None:
@@ -174,20 +188,14 @@ def kill_pod(agent: subprocess.Popen[str]) -> None:
         for task in Path(f"/proc/{pid}/task").glob("*/children"):
             unseen.extend(int(child) for child in task.read_text().split())
     for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     agent.wait()
 
 
 def end(agents: list[subprocess.Popen[str]]) -> list[int]:
-    """Each agent's exit code, once all have ended (killed after support.RUN_TIMEOUT_S)."""
-    codes = []
-    for agent in agents:
-        try:
-            codes.append(agent.wait(timeout=support.RUN_TIMEOUT_S))
-        finally:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGKILL)
-    return codes
+    """Each agent's exit code, once all have ended (the teardown kills what is left)."""
+    return [agent.wait(timeout=support.RUN_TIMEOUT_S) for agent in agents]
 
 
 def test_a_killed_rank_restarts_in_place_and_the_group_resumes(
