@@ -151,7 +151,7 @@ def _launcher_defaults(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
     """Settings the launcher and torch.distributed need that the user may still override."""
     spec = job.spec
     defaults: dict[str, str] = {}
-    if spec.elastic is not None:
+    if spec.elastic is not None or spec.restarts_in_place:
         # torchrun restarts reuse one TCP store across nodes and read the dead group's
         # addresses from it (pytorch#135712) unless this is set.
         defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"

@@ -94,6 +94,9 @@ def every_worker_gets(index_env: dict[str, str]) -> dict[str, str]:
     }
 
 
+# torchrun's restarts (elastic, or in place) re-form the group on a store of their own
+# (pytorch#135712: a shared one hands out the dead group's addresses)
+SEPARATE_RDZV_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 # What the pod's agent reads its failure rules from, where the ranks restart in place
 IN_PLACE_ENV = {"KUBEDDP_RESTART_POLICY": "ExitCode", "KUBEDDP_RETRYABLE_EXIT_CODES": ""}
 # The c10d rendezvous on worker 0's store (then `is_host`, which says whose store it is)
@@ -181,7 +184,14 @@ CONTRACT = [
             "DDP_BACKEND": "gloo",
             **IN_PLACE_ENV,
         },
-        command=[*TORCHRUN, "--nnodes=1", "--nproc-per-node=1", *IN_PLACE_RDZV, "--rdzv-conf=is_host=true"],
+        command=[
+            *TORCHRUN,
+            "--nnodes=1",
+            "--nproc-per-node=1",
+            *IN_PLACE_RDZV,
+            "--rdzv-conf=is_host=true",
+        ],
+        launcher_defaults=SEPARATE_RDZV_STORE,
     ),
     ContractCase(
         id="2x8 nvidia in place, worker 1",
@@ -204,7 +214,7 @@ CONTRACT = [
             "--rdzv-conf=is_host=false",
             "--max-restarts=5",
         ],
-        launcher_defaults=NCCL_WATCHDOG,
+        launcher_defaults={**NCCL_WATCHDOG, **SEPARATE_RDZV_STORE},
     ),
     ContractCase(
         id="elastic 1:4 x 2 in place",
@@ -218,8 +228,14 @@ CONTRACT = [
             "DDP_BACKEND": "gloo",
             **IN_PLACE_ENV,
         },
-        command=[*TORCHRUN, "--nnodes=1:4", "--nproc-per-node=2", *IN_PLACE_RDZV, "--rdzv-conf=is_host=false"],
-        launcher_defaults={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+        command=[
+            *TORCHRUN,
+            "--nnodes=1:4",
+            "--nproc-per-node=2",
+            *IN_PLACE_RDZV,
+            "--rdzv-conf=is_host=false",
+        ],
+        launcher_defaults=SEPARATE_RDZV_STORE,
     ),
 ]
 
