@@ -2,9 +2,10 @@
 0's progress) or `status.rankRestart` (a pod's agent that restarted its ranks in place).
 
 Rank 0 of the trainer reports progress with `ddp_trainer.report`, which PATCHes its job's
-/status subresource with a bearer token (the agent's report goes the same way). Locally, this small server on 127.0.0.1 accepts that
-request at the same path, so the trainer is pointed at it (KUBEDDP_API_SERVER, and a token file
-for KUBEDDP_TOKEN_FILE) and cannot tell it from the API server.
+/status subresource with a bearer token (the agent's report goes the same way). Locally, this
+small server on 127.0.0.1 accepts that request at the same path, so the trainer is pointed at it
+(KUBEDDP_API_SERVER, and a token file for KUBEDDP_TOKEN_FILE) and cannot tell it from the API
+server.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ddp_trainer import contract
-
 from kube_ddp import names
 from kube_ddp.api import DDPTrainingJob, Failure
 from kube_ddp.reasons import PodReason, Reason
