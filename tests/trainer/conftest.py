@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.trainer import support
+from tests.trainer.support import FakeApiServer
 
 HERE = Path(__file__).parent
 
@@ -27,3 +30,20 @@ def idx_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cifar_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data dir holding cifar-10-batches-py/ in the python pickle format."""
     return support.write_cifar_dataset(tmp_path_factory.mktemp("cifar"))
+
+
+@pytest.fixture
+def api_server() -> Iterator[FakeApiServer]:
+    server = FakeApiServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text("first-token\n")
+    return path

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +185,79 @@ def finish(process: subprocess.Popen[str]) -> Run:
 
 def summary(path: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text()))
+
+
+class FakeApiServer(ThreadingHTTPServer):
+    """Records PATCH requests; answers each with the next queued status code (200 when none)."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.requests: list[dict[str, Any]] = []
+        self.statuses: list[int] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeApiServer
+
+    def do_PATCH(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.requests.append(
+            {"path": self.path, "headers": dict(self.headers), "body": json.loads(body)}
+        )
+        status = self.server.statuses.pop(0) if self.server.statuses else 200
+        payload = b'{"kind":"Status","message":"injected failure"}' if status >= 400 else b"{}"
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet test output
+        pass
+
+
+def agent_command(
+    *args: str, port: int, nnodes: str, host: bool, nproc: int = 1, max_restarts: int = 3
+) -> list[str]:
+    """One pod's agent as the operator starts it for a job that restarts in place: kube-ddp's
+    torchrun with c10d rendezvous at 127.0.0.1:`port` (hosted by the agent with `host`)."""
+    return [
+        sys.executable,
+        "-m",
+        "ddp_trainer.torchrun",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=mnist",
+        f"--rdzv-conf=is_host={str(host).lower()}",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        "--monitor-interval=0.2",
+        *args,
+    ]
+
+
+def agent_env(
+    pod: str, api_server: FakeApiServer, token_file: Path, **extra: str
+) -> dict[str, str]:
+    """A worker pod's environment: its job, pod and node, and the API server to report to."""
+    pod_env = {
+        "KUBEDDP_JOB_NAME": "mnist",
+        "KUBEDDP_JOB_NAMESPACE": "team-a",
+        "KUBEDDP_ATTEMPT": "0",
+        "KUBEDDP_POD_NAME": pod,
+        "KUBEDDP_NODE_NAME": "node-a",
+        "KUBEDDP_API_SERVER": api_server.url,
+        "KUBEDDP_TOKEN_FILE": str(token_file),
+    }
+    return clean_env(**{**pod_env, **extra})
+
+
+def patches_of(api_server: FakeApiServer, field: str) -> list[dict[str, Any]]:
+    """The `status.<field>` of every PATCH the server got, in order."""
+    bodies = [request["body"].get("status", {}) for request in list(api_server.requests)]
+    return [status[field] for status in bodies if field in status]

@@ -6,12 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,58 +16,9 @@ from ddp_trainer.contract import EXIT_PEER_LOST
 from ddp_trainer.report import Heartbeat, StatusReporter, status_url, training_patch
 from kube_ddp.local.plan import free_port
 from tests.trainer import support
+from tests.trainer.support import FakeApiServer
 
 STATUS_PATH = "/apis/kubeddp.io/v1alpha1/namespaces/team-a/ddptrainingjobs/mnist/status"
-
-
-class FakeApiServer(ThreadingHTTPServer):
-    """Records PATCH requests; answers each with the next queued status code (200 when none)."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.requests: list[dict[str, Any]] = []
-        self.statuses: list[int] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakeApiServer
-
-    def do_PATCH(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.requests.append(
-            {"path": self.path, "headers": dict(self.headers), "body": json.loads(body)}
-        )
-        status = self.server.statuses.pop(0) if self.server.statuses else 200
-        payload = b'{"kind":"Status","message":"injected failure"}' if status >= 400 else b"{}"
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: Any) -> None:  # quiet test output
-        pass
-
-
-@pytest.fixture
-def api_server() -> Iterator[FakeApiServer]:
-    server = FakeApiServer()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture
-def token_file(tmp_path: Path) -> Path:
-    path = tmp_path / "token"
-    path.write_text("first-token\n")
-    return path
 
 
 class Clock:

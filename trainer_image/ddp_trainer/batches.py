@@ -28,13 +28,18 @@ AUGMENT_SHIFT = 2  # pixels of random translation
 
 
 def train_shard(
-    num_samples: int, rank: int, world_size: int, epoch: int, seed: int
+    num_samples: int, rank: int, world_size: int, epoch: int, seed: int, skip: int = 0
 ) -> torch.Tensor:
-    """This rank's sample indices for a training epoch (DistributedSampler, drop_last=False)."""
+    """This rank's sample indices for a training epoch (DistributedSampler, drop_last=False),
+    less the first `skip` samples of the epoch's order: those the group trained before a
+    mid-epoch resume, at this world size or another (the steps so far took the order's first
+    steps x batch x world samples). What is left is sharded anew, padded from the order's
+    start."""
     generator = torch.Generator().manual_seed(seed + epoch)
     order = torch.randperm(num_samples, generator=generator)
-    total = math.ceil(num_samples / world_size) * world_size
-    padded = order.repeat(math.ceil(total / num_samples))[:total]
+    rest = order[skip:]
+    total = math.ceil(len(rest) / world_size) * world_size
+    padded = torch.cat([rest, order.repeat(math.ceil(total / num_samples))])[:total]
     return padded[rank:total:world_size]
 
 

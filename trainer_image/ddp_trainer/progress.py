@@ -163,7 +163,14 @@ def _heartbeat(epochs: int, steps_per_epoch: int) -> Heartbeat | None:
     if reporter is None:
         return None
     every = Heartbeat.every_from_env(os.environ)
-    return Heartbeat(reporter, epochs=epochs, steps_per_epoch=steps_per_epoch, every=every)
+    world_size = int(os.environ.get(contract.WORLD_SIZE) or 1)
+    return Heartbeat(
+        reporter,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        world_size=world_size,
+        every=every,
+    )
 
 
 _PEER_WATCH: dict[str, culprit.Ledger] = {}

@@ -115,12 +115,14 @@ class Heartbeat:
         *,
         epochs: int,
         steps_per_epoch: int,
+        world_size: int = 1,
         every: float = contract.HEARTBEAT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.reporter = reporter
         self.epochs = epochs
         self.steps_per_epoch = steps_per_epoch
+        self.world_size = world_size  # the ranks training now: status.training.worldSize
         self.every = every
         self.clock = clock
         self.started = clock()
@@ -139,13 +141,14 @@ class Heartbeat:
         steps, seconds = done - (self.first_step or 0), self.clock() - self.started
         left = self.epochs * self.steps_per_epoch - done
         remaining = left * seconds / steps if steps > 0 else None
-        return position_fields(
+        fields = position_fields(
             epoch=epoch,
             epochs=self.epochs,
             step=step,
             steps_per_epoch=self.steps_per_epoch,
             remaining_seconds=remaining,
         )
+        return {**fields, "worldSize": self.world_size}
 
     def beat(self, epoch: int, step: int, loss: SupportsFloat | None = None) -> bool:
         """Report `step` steps into the epoch after `epoch` if a heartbeat is due. `loss` is

@@ -22,13 +22,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED
+from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED, SIGNALLED
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 PROG = "ddp_trainer.torchrun"
-SIGNALLED = 128  # a process killed by signal n ends as 128 + n, as the kubelet reports it
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 SHUTDOWN_TIMEOUT_S = 3600  # torchrun's own default, 30 s, would SIGKILL a rank mid-save
 
@@ -73,14 +72,24 @@ def how_it_ended(rank_exit: int) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     import os
 
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.run import parse_args, run
+
+    from ddp_trainer import agent
 
     os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, str(SHUTDOWN_TIMEOUT_S))
+    os.environ.setdefault(agent.OWN_WORKER_STORE_ENV, "1")
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))  # type: ignore[no-untyped-call]
+    args.rdzv_conf = agent.with_fast_rendezvous(args.rdzv_conf or "")
+    if not agent.install(agent.Rules.from_env(os.environ)) and args.max_restarts:
+        print(f"{PROG}: this torch has no agent to hook: no restart in place", file=sys.stderr)
+        args.max_restarts = 0
     stopped = _record_how_stopped_ranks_ended()
     try:
-        torchrun(list(sys.argv[1:] if argv is None else argv))
+        record(run)(args)
     except ChildFailedError as exc:
         rank, failure = cause(exc.failures)
         code = exit_code(failure.exitcode)
@@ -107,6 +116,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return EXIT_PREEMPTED
         return SIGNALLED + int(exc.sigval)
+    except (RendezvousError, DistError) as exc:  # the store is gone, or the peers did not come
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(
+            f"{PROG}: the rendezvous failed ({reason}): exiting {EXIT_PEER_LOST}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_PEER_LOST
     return 0
 
 

@@ -109,6 +109,7 @@ class InEpoch:
     loss_sum: float
     images: float
     seconds: float
+    samples: int | None = None  # of the epoch's order, trained by all ranks (None: step's)
 
 
 @dataclasses.dataclass
@@ -156,6 +157,8 @@ class Recipe:
     resumed_from_step: int  # the global step a checkpoint restored; 0 for a fresh start
     global_step: int  # training steps done, counted across epochs
     in_epoch: InEpoch | None  # the position a mid-epoch checkpoint restored, until used
+    step_offset: int  # global_step less the position in the epochs (another world size's)
+    skipped: tuple[int, int]  # the running epoch's samples and steps trained before this run
     preemption: Preemption
     batch_log: BatchLog | None
     epoch_timings: list[tuple[float, float]]  # (images, seconds) per epoch run
@@ -199,6 +202,8 @@ class Recipe:
         self.progress = Progress()
         self.resumed_from = None
         self.resumed_from_step = self.global_step = 0
+        self.step_offset = 0  # global step - position, once resumed at another world size
+        self.skipped = (0, 0)  # the epoch's samples and steps before this process trained it
         self.in_epoch = None
         self.epoch_timings = []
         # Before the process group: a SIGTERM until then exits at once.
@@ -254,6 +259,7 @@ class Recipe:
                 self.reporter,
                 epochs=options.epochs,
                 steps_per_epoch=self.steps_per_epoch,
+                world_size=self.world.world_size,
                 every=Heartbeat.every_from_env(os.environ),
             )
         self.bar = ProgressBar(enabled=self.world.is_main)
@@ -375,6 +381,7 @@ class Recipe:
         self.resumed_from_step = self.global_step
         if state.get("in_epoch"):
             self.in_epoch = InEpoch(**state["in_epoch"])
+        self._fit_to_world_size(state.get("world_size", self.world.world_size))
         if self.world.is_main:
             log.info(
                 "resuming at step %d (epoch %d, step %d of it) from %s",
@@ -382,6 +389,32 @@ class Recipe:
                 self.progress.epoch + 1,
                 self.in_epoch.step if self.in_epoch else 0,
                 path,
+            )
+
+    def _fit_to_world_size(self, saved_world_size: int) -> None:
+        """A checkpoint of another world size (an elastic group re-formed): keep the position
+        in the epoch by samples trained, the step within it as the samples over this world's
+        global batch, and the global step count going on from the checkpoint's (it names the
+        checkpoints, newest last); the learning rate schedule follows the position."""
+        batch = self.options.batch_size
+        if self.in_epoch is not None and self.in_epoch.samples is None:
+            self.in_epoch.samples = self.in_epoch.step * batch * saved_world_size
+        if saved_world_size == self.world.world_size:
+            return
+        done = 0
+        if self.in_epoch is not None and self.in_epoch.epoch == self.progress.epoch + 1:
+            assert self.in_epoch.samples is not None
+            done = self.in_epoch.samples // (batch * self.world.world_size)
+            self.in_epoch.step = done
+        position = self.progress.epoch * self.steps_per_epoch + done
+        self.step_offset = self.global_step - position
+        if self.world.is_main:
+            log.info(
+                "the checkpoint is of %d rank(s), this group has %d: the epoch goes on after "
+                "its first %d samples",
+                saved_world_size,
+                self.world.world_size,
+                self.in_epoch.samples if self.in_epoch else 0,
             )
 
     # --- the loop -------------------------------------------------------------------------
@@ -412,11 +445,15 @@ class Recipe:
         carried, self.in_epoch = self.in_epoch, None
         if carried is not None and carried.epoch != epoch:
             carried = None
-        shard = train_shard(
-            self.train_size, self.world.rank, self.world.world_size, epoch, self.options.seed
+        self.skipped = (carried.samples or 0, carried.step) if carried else (0, 0)
+        shard = train_shard(  # the same shuffle, minus the samples trained
+            self.train_size,
+            self.world.rank,
+            self.world.world_size,
+            epoch,
+            self.options.seed,
+            skip=self.skipped[0],
         )
-        done = carried.step if carried else 0  # the same shuffle, minus the batches trained
-        shard = shard[done * self.options.batch_size :]
         train_loss_sum, images = self.train_epoch(epoch, self.train_batches(shard), carried)
         distributed.synchronize(self.device)
         train_seconds = time.perf_counter() - started + (carried.seconds if carried else 0.0)
@@ -486,7 +523,7 @@ class Recipe:
             self.mark_step()
             loss_sum += loss.detach().float() * len(labels)  # stays on the device: no sync
             seen += len(labels)
-            self.global_step = first_step + step + 1
+            self.global_step = first_step + step + 1 + self.step_offset
             if self.batch_log is not None:
                 self.batch_log.step(self.global_step, images, labels, loss)
             self.bar.update(epoch, self.options.epochs, step + 1, self.steps_per_epoch, started)
@@ -522,7 +559,11 @@ class Recipe:
             loss_all, images_all = self.all_reduce_sum(
                 torch.stack([loss_sum.float(), torch.tensor(float(seen), device=self.device)])
             )
-            self.save_checkpoint(InEpoch(epoch, step, loss_all, images_all, seconds), wait=stop)
+            skipped, at_step = self.skipped
+            samples = skipped + (step - at_step) * options.batch_size * self.world.world_size
+            self.save_checkpoint(
+                InEpoch(epoch, step, loss_all, images_all, seconds, samples), wait=stop
+            )
         if self.saver is not None and self.saver.last is not self.reported_save:
             self.report_checkpoint()
         rank, world_size = self.world.rank, self.world.world_size

@@ -1,0 +1,203 @@
+"""Restarts in place, for real: `python -m ddp_trainer.torchrun` agents (one per "pod", told
+apart by KUBEDDP_POD_NAME) with c10d rendezvous on 127.0.0.1, their ranks real gloo processes,
+their status patches caught by a local HTTP server standing in for the API server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ddp_trainer.contract import EXIT_PREEMPTED, RANK_RESTART_FIELD
+from kube_ddp.local.plan import free_port
+from tests.trainer import support
+from tests.trainer.support import FakeApiServer
+
+DIGITS = ["--dataset=digits", "--batch-size=32", "--timeout-seconds=60", "--lr=0.05"]
+# Each rank writes its rank to argv[1] when it starts; the first time (no argv[3] yet) rank 1
+# ends as argv[2] says ("86": every rank exits 86, as when a peer pod was stopped and the
+# group saved), the second time every rank finishes. A rank whose peer is gone exits 88, as
+# the trainer does.
+SCRIPT = """\
+import os, sys, pathlib
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+with open(sys.argv[1], "a") as starts:
+    starts.write(f"{rank}\\n")
+how, marker = sys.argv[2], pathlib.Path(sys.argv[3])
+first = not marker.exists()
+dist.barrier()
+if first:
+    if rank == 0:
+        marker.touch()
+    if how == "86" or rank == 1:
+        os._exit(int(how))
+    try:
+        dist.barrier()
+    except Exception:
+        os._exit(88)
+dist.barrier()
+"""
+
+
+def run_script(
+    tmp_path: Path, how: str, env: dict[str, str], max_restarts: int = 3
+) -> tuple[support.Run, list[str]]:
+    """One agent, two ranks, SCRIPT ending rank 1 (or all) as `how` says; its run and the
+    ranks' starts."""
+    script, starts = tmp_path / "rank.py", tmp_path / "starts"
+    script.write_text(SCRIPT)
+    command = support.agent_command(
+        str(script),
+        str(starts),
+        how,
+        str(tmp_path / "ended-once"),
+        port=free_port(),
+        nnodes="1",
+        host=True,
+        nproc=2,
+        max_restarts=max_restarts,
+    )
+    run = support.run(command, env)
+    return run, sorted(starts.read_text().split())
+
+
+def test_a_rank_exiting_1_under_exit_code_is_not_restarted(
+    tmp_path: Path, api_server: FakeApiServer, token_file: Path
+) -> None:
+    env = support.agent_env("mnist-worker-0", api_server, token_file)
+    run, starts = run_script(tmp_path, "1", env)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert starts == ["0", "1"]  # started once: no restart
+    assert run.stderr.rstrip().endswith("rank 1 exited with code 1 first: exiting 1")
+    assert support.patches_of(api_server, RANK_RESTART_FIELD) == []
+
+
+def test_a_retryable_code_restarts_in_place_and_is_reported_once(
+    tmp_path: Path, api_server: FakeApiServer, token_file: Path
+) -> None:
+    env = support.agent_env("mnist-worker-0", api_server, token_file, KUBEDDP_ATTEMPT="2")
+    env["KUBEDDP_RETRYABLE_EXIT_CODES"] = "3,42"
+    run, starts = run_script(tmp_path, "42", env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert starts == ["0", "0", "1", "1"]
+    assert "rank 1 ended with 42: restarting in place" in run.stderr
+    [restart] = support.patches_of(api_server, RANK_RESTART_FIELD)
+    assert restart | {"time": "t"} == {
+        "attempt": 2,
+        "count": 1,
+        "time": "t",
+        "pod": "mnist-worker-0",
+        "node": "node-a",
+        "rank": 1,
+        "exitCode": 42,
+        "message": "rank 1 in pod mnist-worker-0 exited with code 42: its group restarted in place",
+    }
+
+
+def test_ranks_stopped_for_a_peers_sigterm_restart_unreported_and_uncounted(
+    tmp_path: Path, api_server: FakeApiServer, token_file: Path
+) -> None:
+    """Every rank exits 86 (a peer pod was SIGTERMed, the group saved and stopped) while this
+    agent was not signalled: its ranks start again, even with no restarts left, and the
+    operator hears nothing of it (it sees the stopped pod itself)."""
+    env = support.agent_env("mnist-worker-1", api_server, token_file)
+    run, starts = run_script(tmp_path, str(EXIT_PREEMPTED), env, max_restarts=0)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert starts == ["0", "0", "1", "1"]
+    assert f"every failed rank exited {EXIT_PREEMPTED}" in run.stderr
+    assert support.patches_of(api_server, RANK_RESTART_FIELD) == []
+
+
+# --- whole trainer runs, one agent per pod ------------------------------------------------------
+
+
+def batch_log(prefix: Path, rank: int) -> list[dict[str, Any]]:
+    path = Path(f"{prefix}.rank{rank}")
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def wait_until(what: str, done: Callable[[], bool], agents: list[subprocess.Popen[str]]) -> float:
+    """Poll until `done`; the time it became true. Fails when an agent ends meanwhile."""
+    deadline = time.monotonic() + 90
+    while not done():
+        if any(agent.poll() is not None for agent in agents):
+            assert done(), f"an agent ended before {what}"
+            break
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return time.time()
+
+
+def start_agent(
+    pod: str, command: list[str], env: dict[str, str], logs: Path
+) -> subprocess.Popen[str]:
+    """An agent in a session of its own (a pod: its process group can be killed whole), its
+    output in `logs`/<pod>.log."""
+    out = (logs / f"{pod}.log").open("a")
+    return subprocess.Popen(
+        command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+
+
+def end(agents: list[subprocess.Popen[str]]) -> list[int]:
+    """Each agent's exit code, once all have ended (killed after support.RUN_TIMEOUT_S)."""
+    codes = []
+    for agent in agents:
+        try:
+            codes.append(agent.wait(timeout=support.RUN_TIMEOUT_S))
+        finally:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+    return codes
+
+
+def test_a_killed_rank_restarts_in_place_and_the_group_resumes(
+    tmp_path: Path, api_server: FakeApiServer, token_file: Path
+) -> None:
+    """Two pods; rank 1 is SIGKILLed after step 30 (its checkpoint taken): its agent restarts
+    it, the other agent follows, both resume at step 31 and finish; one report, of rank 1 and
+    137, from the pod that ran it. Prints the time from the kill to the group's next step."""
+    log, marker, checkpoints = tmp_path / "batches", tmp_path / "crashed", tmp_path / "ckpt"
+    trainer = ["-m", "ddp_trainer", *DIGITS, "--epochs=3", "--checkpoint-every-steps=10"]
+    trainer.append(f"--checkpoint-dir={checkpoints}")
+    crash = {
+        "DDP_TRAINER_CRASH_ONCE_AT_STEP": "30",
+        "DDP_TRAINER_CRASH_MARKER": str(marker),
+        "DDP_TRAINER_BATCH_LOG": str(log),
+    }
+    port = free_port()
+    agents = [
+        start_agent(
+            f"mnist-worker-{index}",
+            support.agent_command(*trainer, port=port, nnodes="2", host=index == 0),
+            support.agent_env(f"mnist-worker-{index}", api_server, token_file, **crash),
+            tmp_path,
+        )
+        for index in range(2)
+    ]
+    wait_until("the kill", marker.exists, agents)
+    killed = marker.stat().st_mtime  # touched just before the rank kills itself
+    steps = lambda: [line["step"] for line in batch_log(log, 0)]  # noqa: E731
+    back = wait_until("the first step after the restart", lambda: 31 in steps(), agents)
+    print(f"\nrank killed -> the group's next step: {back - killed:.1f} s")
+    assert end(agents) == [0, 0], (tmp_path / "mnist-worker-1.log").read_text()[-3000:]
+    for rank in (0, 1):
+        after = [line["step"] for line in batch_log(log, rank)]
+        assert after == list(range(1, 70))  # killed after step 30, resumed at 31, not at 1
+    outputs = {
+        pod: (tmp_path / f"{pod}.log").read_text() for pod in ("mnist-worker-0", "mnist-worker-1")
+    }
+    [restarted] = [pod for pod, out in outputs.items() if "rank 1 ended with 137" in out]
+    [restart] = support.patches_of(api_server, RANK_RESTART_FIELD)
+    assert (restart["pod"], restart["rank"], restart["exitCode"]) == (restarted, 1, 137)
+    assert restart["count"] == 1 and "killed by SIGKILL" in restart["message"]
