@@ -501,11 +501,41 @@ def test_a_lost_worker_of_a_job_that_restarts_in_place_is_replaced_alone(tmp_pat
     assert "Warning WorkerReplaced: bar-worker-1 exited with code 137" in done.stderr
     assert "restart 1 of at most 3" in done.stderr
     rows = [line.split() for line in done.stderr.splitlines() if line.startswith("bar-worker-")]
-    assert [(r[0], r[1], r[3]) for r in rows] == [
-        ("bar-worker-0", "0", "0"),  # never stopped: one process all along
+    # worker 0 never stopped: one process all along; worker 1's replacement, the same attempt,
+    # ends with it or is stopped once the job has ended
+    assert [(r[0], r[1], r[3]) for r in rows[:2]] == [
+        ("bar-worker-0", "0", "0"),
         ("bar-worker-1", "0", "137"),
-        ("bar-worker-1", "0", "0"),  # the replacement, same attempt
     ]
+    assert (rows[2][0], rows[2][1], rows[2][3] in ("0", "143")) == ("bar-worker-1", "0", True)
+    assert len(rows) == 3
     assert (tmp_path / "worker-0-saw-it").read_text() == "0"
     assert (tmp_path / "lost").read_text() != (tmp_path / "replaced").read_text()
+    assert "restarts      1" in done.stderr
+
+
+def test_a_killed_rank_restarts_in_place_and_is_counted(tmp_path: Path) -> None:
+    """A rank of worker 1 is SIGKILLed (137, retryable): its agent restarts it in place, worker
+    0's agent follows (the group re-forms), the agent reports it to the runner's endpoint, and
+    the runner counts it: one restart, RestartedInPlace, every worker one process all along."""
+    script = (
+        "import os, signal, time; from pathlib import Path\n"
+        "out, pod = Path(os.environ['OUT']), os.environ['KUBEDDP_POD_NAME']\n"
+        "if pod.endswith('-1'):\n"
+        "    if not (out / 'crashed').exists():\n"
+        "        (out / 'crashed').write_text(''); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    (out / 'again').write_text(''); raise SystemExit(0)\n"
+        "while not (out / 'again').exists(): time.sleep(0.1)\n"
+    )
+    spec = python_workers(script, env=out_env(tmp_path), runPolicy={"restartStrategy": "InPlace"})
+    done = run_cli("run", "--local", str(write_job(tmp_path, spec)))
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "Warning RestartedInPlace" in line]
+    assert len(said) == 1 and "(pod bar-worker-1) exited with code 137" in said[0], said
+    rows = [line.split() for line in done.stderr.splitlines() if line.startswith("bar-worker-")]
+    # one process each all along (worker 1 ends with worker 0 or is stopped once the job ended)
+    assert [(r[0], r[1], r[3] in ("0", "143")) for r in rows] == [
+        ("bar-worker-0", "0", True),
+        ("bar-worker-1", "0", True),
+    ]
     assert "restarts      1" in done.stderr
