@@ -239,6 +239,14 @@ GROUP = [
         reason=Reason.PROGRESS_DEADLINE_EXCEEDED,
     ),
     GroupCase(
+        "worker 1's node lost, worker 0 on it too: its eviction is on the way",
+        (
+            up(0, node="n1"),
+            pod(1, "Unknown", attempt=2, deleting=True, node="n1", created_at=CREATED),
+        ),
+        reason=Reason.WORKER_FAILED,
+    ),
+    GroupCase(
         "worker 1 failed with a code that does not restart",
         (up(0), pod(1, "Failed", attempt=2, exit_code=1, reason="Error")),
         phase="Failed",

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from kube_ddp.api import DDPTrainingJob, Failure
-from kube_ddp.reasons import Reason
+from kube_ddp.reasons import PodReason, Reason
 from kube_ddp.status.draft import CreateWorkers, Draft, Event
 from kube_ddp.status.failures import WorkerFailure, failure_of, is_retryable
 from kube_ddp.status.lifecycle import Group, finish, record_preemption
@@ -73,10 +73,15 @@ def replaceable(
     job: DDPTrainingJob, failures: list[WorkerFailure], workers: Mapping[int, PodView]
 ) -> bool:
     """Whether the failed workers are replaced alone: the job restarts in place, worker 0 (whose
-    agent holds the rendezvous) still runs, and every failure is another worker's loss, a
-    retryable end of its agent, or a preemption (it saved on SIGTERM)."""
+    agent holds the rendezvous) still runs and not on a node taken for lost (its own eviction
+    is on the way), and every failure is another worker's loss, a retryable end of its agent,
+    or a preemption (it saved on SIGTERM)."""
     worker0 = workers.get(0)
     if not job.spec.restarts_in_place or worker0 is None or not worker0.active:
+        return False
+    lost = [workers.get(f.index) for f in failures if f.reason == PodReason.NODE_LOST]
+    lost_nodes = {pod.node for pod in lost if pod is not None}
+    if worker0.node is not None and worker0.node in lost_nodes:
         return False
     return all(
         f.index > 0 and not f.hung and (f.preempted or is_retryable(job, f)) for f in failures
