@@ -179,20 +179,18 @@ class ExternalPlatform(Platform):
     node_exec: list[str] = field(default_factory=list)
 
     def kill(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
-        if not self.node_exec:
-            raise AssertionError("set KUBEDDP_E2E_NODE_EXEC to reach the node's processes")
-        container_id = pod.status.container_statuses[0].container_id.split("://")[-1]
-        pid = f"crictl inspect --output go-template --template '{{{{.info.pid}}}}' {container_id}"
-        script = f"kill -{int(sig)} $({pid})"
-        subprocess.run([*self.node_exec, "sh", "-c", script], check=True)
+        self._on_node(pod, f"kill -{int(sig)} $main")
 
     def kill_rank(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
+        self._on_node(pod, f"kill -{int(sig)} $(cat /proc/$main/task/$main/children)")
+
+    def _on_node(self, pod: Any, script: str) -> None:
+        """Run `script` on the pod's node, `$main` the pid of its container's main process."""
         if not self.node_exec:
             raise AssertionError("set KUBEDDP_E2E_NODE_EXEC to reach the node's processes")
         container_id = pod.status.container_statuses[0].container_id.split("://")[-1]
         pid = f"crictl inspect --output go-template --template '{{{{.info.pid}}}}' {container_id}"
-        script = f"agent=$({pid}); kill -{int(sig)} $(cat /proc/$agent/task/$agent/children)"
-        subprocess.run([*self.node_exec, "sh", "-c", script], check=True)
+        subprocess.run([*self.node_exec, "sh", "-c", f"main=$({pid}); {script}"], check=True)
 
 
 def dev_platform(cluster: Cluster, helm: Path) -> DevPlatform:
