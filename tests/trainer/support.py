@@ -221,7 +221,13 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def agent_command(
-    *args: str, port: int, nnodes: str, host: bool, nproc: int = 1, max_restarts: int = 3
+    *args: str,
+    port: int,
+    nnodes: str,
+    host: bool,
+    nproc: int = 1,
+    max_restarts: int = 3,
+    rdzv_conf: str = "",
 ) -> list[str]:
     """One pod's agent as the operator starts it for a job that restarts in place: kube-ddp's
     torchrun with c10d rendezvous at 127.0.0.1:`port` (hosted by the agent with `host`)."""
@@ -232,7 +238,7 @@ def agent_command(
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=127.0.0.1:{port}",
         "--rdzv-id=mnist",
-        f"--rdzv-conf=is_host={str(host).lower()}",
+        ",".join([f"--rdzv-conf=is_host={str(host).lower()}", *filter(None, [rdzv_conf])]),
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc}",
         f"--max-restarts={max_restarts}",

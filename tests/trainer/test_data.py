@@ -161,6 +161,28 @@ def test_training_shards_cover_the_data_evenly_and_reshuffle_each_epoch() -> Non
     assert not torch.equal(train_shard(10, 0, 3, 1, 0), train_shard(10, 0, 3, 2, 0))
 
 
+@pytest.mark.parametrize(("before", "after"), [(3, 3), (3, 2), (2, 3)])
+def test_an_epoch_resumed_at_another_world_size_trains_each_sample_once(
+    before: int, after: int
+) -> None:
+    """Two steps of batch 4 at world size `before`, then the rest of the epoch at `after`:
+    together every sample of the epoch once (and a few again only as padding); at the same
+    world size, exactly the batches an uninterrupted epoch would take."""
+    samples, batch, steps = 50, 4, 2
+    trained = torch.cat(
+        [train_shard(samples, r, before, 1, 0)[: steps * batch] for r in range(before)]
+    )
+    skip = steps * batch * before
+    rest = [train_shard(samples, r, after, 1, 0, skip=skip) for r in range(after)]
+    together = trained.tolist() + torch.cat(rest).tolist()
+    padding = len(torch.cat(rest)) - (samples - skip)  # to even out the ranks' steps
+    assert sorted(set(together)) == list(range(samples))
+    assert len(together) == samples + padding and padding < after
+    if before == after:
+        whole = [train_shard(samples, r, after, 1, 0)[steps * batch :] for r in range(after)]
+        assert all(torch.equal(a, b) for a, b in zip(rest, whole, strict=True))
+
+
 def test_evaluation_shards_count_every_sample_once() -> None:
     shards = [eval_shard(10, rank, 3).tolist() for rank in range(3)]
     assert sorted(index for shard in shards for index in shard) == list(range(10))

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddp_trainer.contract import EXIT_PREEMPTED, RANK_RESTART_FIELD
+from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED, RANK_RESTART_FIELD
 from kube_ddp.local.plan import free_port
 from tests.trainer import support
 from tests.trainer.support import FakeApiServer
@@ -116,6 +116,21 @@ def test_ranks_stopped_for_a_peers_sigterm_restart_unreported_and_uncounted(
     assert support.patches_of(api_server, RANK_RESTART_FIELD) == []
 
 
+def test_a_rendezvous_that_times_out_exits_88(tmp_path: Path) -> None:
+    """A peer that never comes (its pod cannot be scheduled): the agent exits 88, retryable,
+    not torchrun's 1."""
+    script = tmp_path / "rank.py"
+    script.write_text("")
+    command = support.agent_command(str(script), port=free_port(), nnodes="2", host=True)
+    command.insert(
+        command.index("--rdzv-conf=is_host=true"), "--rdzv-conf=is_host=true,join_timeout=2"
+    )
+    command.remove("--rdzv-conf=is_host=true")
+    run = support.run(command)
+    assert run.returncode == EXIT_PEER_LOST, run.stderr[-3000:]
+    assert run.stderr.rstrip().endswith(f"exiting {EXIT_PEER_LOST}")
+
+
 # --- whole trainer runs, one agent per pod ------------------------------------------------------
 
 
@@ -147,6 +162,20 @@ def start_agent(
     return subprocess.Popen(
         command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
+
+
+def kill_pod(agent: subprocess.Popen[str]) -> None:
+    """SIGKILL an agent and every process under it, as when its pod or node is lost (torchrun
+    starts its ranks in sessions of their own: the agent's process group does not hold them)."""
+    pids, unseen = [], [agent.pid]
+    while unseen:
+        pid = unseen.pop()
+        pids.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*/children"):
+            unseen.extend(int(child) for child in task.read_text().split())
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    agent.wait()
 
 
 def end(agents: list[subprocess.Popen[str]]) -> list[int]:
@@ -201,3 +230,54 @@ def test_a_killed_rank_restarts_in_place_and_the_group_resumes(
     [restart] = support.patches_of(api_server, RANK_RESTART_FIELD)
     assert (restart["pod"], restart["rank"], restart["exitCode"]) == (restarted, 1, 137)
     assert restart["count"] == 1 and "killed by SIGKILL" in restart["message"]
+
+
+def test_an_elastic_group_loses_a_pod_trains_on_and_takes_its_replacement_back(
+    tmp_path: Path, api_server: FakeApiServer, token_file: Path
+) -> None:
+    """Three pods, --nnodes=2:3; pod 2's agent and its rank are SIGKILLed (its node is gone):
+    the other two re-form and train on from the newest checkpoint, at world size 2; a
+    replacement pod 2 joins at the next re-formation (world size 3 again); all finish."""
+    log, checkpoints = tmp_path / "batches", tmp_path / "ckpt"
+    trainer = ["-m", "ddp_trainer", *DIGITS, "--epochs=8", "--checkpoint-every-steps=5"]
+    trainer.append(f"--checkpoint-dir={checkpoints}")
+    hooks = {
+        "DDP_TRAINER_BATCH_LOG": str(log),
+        "DDP_TRAINER_STEP_SECONDS": "0.1",
+        "KUBEDDP_HEARTBEAT_SECONDS": "0.5",
+    }
+    port = free_port()
+
+    def agent(index: int) -> subprocess.Popen[str]:
+        pod = f"mnist-worker-{index}"
+        command = support.agent_command(*trainer, port=port, nnodes="2:3", host=index == 0)
+        return start_agent(
+            pod, command, support.agent_env(pod, api_server, token_file, **hooks), tmp_path
+        )
+
+    def world_sizes() -> list[int]:
+        return [
+            patch["worldSize"]
+            for patch in support.patches_of(api_server, "training")
+            if "worldSize" in patch
+        ]
+
+    agents = [agent(index) for index in range(3)]
+    steps = lambda: [line["step"] for line in batch_log(log, 0)]  # noqa: E731
+    wait_until("30 steps of 3 ranks", lambda: 3 in world_sizes() and len(steps()) >= 30, agents)
+    kill_pod(agents.pop())
+    killed_at, reports, lost_at = steps()[-1], len(world_sizes()), time.time()
+    shrunk_at = wait_until("2 ranks training", lambda: 2 in world_sizes()[reports:], agents)
+    agents.append(agent(2))  # the replacement pod, same name
+    reports, replaced_at = len(world_sizes()), time.time()
+    grown_at = wait_until("3 ranks training again", lambda: 3 in world_sizes()[reports:], agents)
+    print(f"\npod lost -> 2 ranks train: {shrunk_at - lost_at:.1f} s")
+    print(f"replacement started -> 3 ranks train: {grown_at - replaced_at:.1f} s")
+    outputs = "\n".join(path.read_text()[-2000:] for path in tmp_path.glob("*.log"))
+    assert end(agents) == [0, 0, 0], outputs
+    after_kill = steps()[steps().index(killed_at) + 1 :]
+    assert min(after_kill) > killed_at - 5  # from the newest checkpoint, not from the start
+    losses = [line["loss"] for line in batch_log(log, 0)]
+    resumed = losses[steps().index(killed_at) + 1]
+    assert resumed < 0.8 * losses[0]  # the loss goes on where it was, not back at the start
+    assert support.patches_of(api_server, RANK_RESTART_FIELD) == []  # the pod itself was lost

@@ -156,8 +156,9 @@ def report_restart(store: Any, rank: int, code: int, env: Mapping[str, str]) -> 
 
 
 def counter_store(store: Any) -> Any:
-    """The attempt's store under the round's prefix, where torch exposes it; else the round's
-    (a count that then starts again each round: the operator takes the highest it saw)."""
+    """The attempt's store under the round's prefix, where torch exposes it (2.15 does); else
+    the round's, whose count starts again each round: the operator, which takes only a count
+    above the last it folded, would then see an attempt's first in-place restart only."""
     return getattr(store, "underlying_store", None) or store
 
 

@@ -9,6 +9,8 @@ or hangs there; each rank logs a digest of every batch it trains on.
 
   DDP_TRAINER_BATCH_LOG=path         each rank appends a JSON line per step to path.rank<r>:
                                       the global step, a digest of its batch, its loss
+  DDP_TRAINER_STEP_SECONDS=s          ... and then sleeps s seconds: a run slow enough for a
+                                      test to act while it trains
 
 The marker makes it happen once per marker file, so the relaunch (by torchrun --max-restarts,
 by the operator or by hand) trains on from the checkpoint. tests/trainer uses it to show
@@ -72,16 +74,18 @@ class BatchLog:
     """DDP_TRAINER_BATCH_LOG: what each step trained on, to compare a resumed run with an
     uninterrupted one. Reading the loss syncs with the device: a test hook only."""
 
-    def __init__(self, file: TextIO, rank: int) -> None:
+    def __init__(self, file: TextIO, rank: int, pause: float = 0.0) -> None:
         self.file = file
         self.rank = rank
+        self.pause = pause
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], rank: int) -> BatchLog | None:
         path = env.get("DDP_TRAINER_BATCH_LOG")
         if not path:
             return None
-        return cls(Path(f"{path}.rank{rank}").open("a", buffering=1), rank)
+        pause = float(env.get("DDP_TRAINER_STEP_SECONDS") or 0)
+        return cls(Path(f"{path}.rank{rank}").open("a", buffering=1), rank, pause)
 
     def step(self, step: int, inputs: Any, labels: Any, loss: Any) -> None:
         digest = hashlib.sha256()
@@ -89,3 +93,5 @@ class BatchLog:
             digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
         line = {"step": step, "batch": digest.hexdigest()[:16], "loss": float(loss)}
         self.file.write(json.dumps(line) + "\n")
+        if self.pause:
+            time.sleep(self.pause)

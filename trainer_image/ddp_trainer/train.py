@@ -157,7 +157,6 @@ class Recipe:
     resumed_from_step: int  # the global step a checkpoint restored; 0 for a fresh start
     global_step: int  # training steps done, counted across epochs
     in_epoch: InEpoch | None  # the position a mid-epoch checkpoint restored, until used
-    step_offset: int  # global_step less the position in the epochs (another world size's)
     skipped: tuple[int, int]  # the running epoch's samples and steps trained before this run
     preemption: Preemption
     batch_log: BatchLog | None
@@ -202,7 +201,6 @@ class Recipe:
         self.progress = Progress()
         self.resumed_from = None
         self.resumed_from_step = self.global_step = 0
-        self.step_offset = 0  # global step - position, once resumed at another world size
         self.skipped = (0, 0)  # the epoch's samples and steps before this process trained it
         self.in_epoch = None
         self.epoch_timings = []
@@ -393,9 +391,9 @@ class Recipe:
 
     def _fit_to_world_size(self, saved_world_size: int) -> None:
         """A checkpoint of another world size (an elastic group re-formed): keep the position
-        in the epoch by samples trained, the step within it as the samples over this world's
-        global batch, and the global step count going on from the checkpoint's (it names the
-        checkpoints, newest last); the learning rate schedule follows the position."""
+        in the epoch by samples trained, the step within it as those samples over this
+        world's global batch (the learning rate schedule follows it); the global step counts
+        on from the checkpoint's, one a step (it names the checkpoints, newest last)."""
         batch = self.options.batch_size
         if self.in_epoch is not None and self.in_epoch.samples is None:
             self.in_epoch.samples = self.in_epoch.step * batch * saved_world_size
@@ -406,8 +404,6 @@ class Recipe:
             assert self.in_epoch.samples is not None
             done = self.in_epoch.samples // (batch * self.world.world_size)
             self.in_epoch.step = done
-        position = self.progress.epoch * self.steps_per_epoch + done
-        self.step_offset = self.global_step - position
         if self.world.is_main:
             log.info(
                 "the checkpoint is of %d rank(s), this group has %d: the epoch goes on after "
@@ -523,7 +519,7 @@ class Recipe:
             self.mark_step()
             loss_sum += loss.detach().float() * len(labels)  # stays on the device: no sync
             seen += len(labels)
-            self.global_step = first_step + step + 1 + self.step_offset
+            self.global_step += 1  # not the position: it goes on across world sizes
             if self.batch_log is not None:
                 self.batch_log.step(self.global_step, images, labels, loss)
             self.bar.update(epoch, self.options.epochs, step + 1, self.steps_per_epoch, started)
