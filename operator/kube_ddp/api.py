@@ -867,6 +867,23 @@ class DDPTrainingJobSpec(Model):
         return self.port + attempt
 
     @property
+    def holds_the_trainer(self) -> bool:
+        """Whether the image has the trainer package (and so `ddp_trainer.torchrun`): the
+        operator's trainer image, or any image that runs the trainer."""
+        return self.command is None or self.image is None
+
+    @property
+    def restarts_in_place(self) -> bool:
+        """Whether a retryable failure restarts the ranks in their pods and replaces only a lost
+        pod (docs/design.md, "Failure rules"): restartStrategy InPlace, torchrun's launcher, and
+        an image with the agent that does it."""
+        return (
+            self.run_policy.restart_strategy == "InPlace"
+            and self.launcher == "torchrun"
+            and self.holds_the_trainer
+        )
+
+    @property
     def topology(self) -> TopologyPolicy | None:
         return self.scheduling.topology if self.scheduling is not None else None
 
@@ -1079,7 +1096,27 @@ class JobStatus(StatusModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     workers: WorkerCounts | None = Field(None, description="Worker pods by phase.")
-    restarts: int = Field(0, description="Group restarts so far.")
+    restarts: int = Field(
+        0,
+        description="Restarts so far, of every kind: group restarts, ranks restarted in place, "
+        "lost pods replaced.",
+    )
+    attempt: int | None = Field(
+        None,
+        ge=0,
+        description="The group's attempt: its pods' label and MASTER_PORT (port + attempt). A "
+        "group restart starts the next; a restart in place or a replaced pod keeps it. Unset: "
+        "restarts.",
+    )
+    in_place_restarts: int = Field(
+        0,
+        description="Restarts in place of this attempt counted in restarts (rankRestart.count "
+        "seen so far).",
+    )
+    replacing: list[int] = Field(
+        default_factory=list,
+        description="Workers (indices) of this attempt being replaced alone, already counted.",
+    )
     preemptions: int = Field(
         0, description="Times the group was preempted and resumed (never counted as restarts)."
     )
@@ -1096,6 +1133,12 @@ class JobStatus(StatusModel):
     rank_restart: RankRestart | None = Field(
         None, description="The newest in-place restart, as the pod agent that made it reports it."
     )
+
+    @property
+    def current_attempt(self) -> int:
+        """The attempt the pods run under: `attempt`, or `restarts` where no attempt was
+        written (every restart was a group restart)."""
+        return self.attempt if self.attempt is not None else self.restarts
 
 
 # --- the whole object -----------------------------------------------------------------------

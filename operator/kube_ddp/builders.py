@@ -71,8 +71,9 @@ def _nnodes(spec: DDPTrainingJobSpec) -> str:
 
 
 def _runs_one_process_directly(spec: DDPTrainingJobSpec) -> bool:
-    """One process per pod and no torchrun: the pod itself is the rank."""
-    return spec.procs_per_node == 1 and spec.elastic is None
+    """One process per pod and no torchrun: the pod itself is the rank. Never where the ranks
+    restart in place: the agent (torchrun) that restarts them runs in every pod."""
+    return spec.procs_per_node == 1 and spec.elastic is None and not spec.restarts_in_place
 
 
 def contract_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[Obj]:
@@ -97,6 +98,10 @@ def contract_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[O
         contract.JOB_NAMESPACE: job.namespace,
         contract.ATTEMPT: str(attempt),
     }
+    if spec.restarts_in_place:  # the agent applies the failure rules to its own ranks
+        policy = spec.run_policy
+        values[contract.RESTART_POLICY_ENV] = policy.restart_policy
+        values[contract.RETRYABLE_EXIT_CODES_ENV] = ",".join(map(str, policy.retryable_exit_codes))
     result: list[Obj] = []
     for name, value in values.items():
         result.append({"name": name, "value": value})
@@ -146,7 +151,7 @@ def _launcher_defaults(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
     """Settings the launcher and torch.distributed need that the user may still override."""
     spec = job.spec
     defaults: dict[str, str] = {}
-    if spec.elastic is not None:
+    if spec.elastic is not None or spec.restarts_in_place:
         # torchrun restarts reuse one TCP store across nodes and read the dead group's
         # addresses from it (pytorch#135712) unless this is set.
         defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
@@ -201,27 +206,30 @@ def trainer_args(job: DDPTrainingJob) -> list[str]:
     return to_argv(job.spec.trainer) if job.spec.trainer is not None else []
 
 
-def _holds_the_trainer(spec: DDPTrainingJobSpec) -> bool:
-    """Whether the image has the trainer package: the operator's trainer image, or any image
-    that runs the trainer."""
-    return spec.command is None or spec.image is None
-
-
-def _torchrun(job: DDPTrainingJob) -> list[str]:
-    """torchrun and its flags: this pod's node of the job's rendezvous. Where the image holds
-    the trainer package, its torchrun, which exits as the failed rank did (a rank killed by a
-    signal restarts the group, a program error fails it); plain torchrun exits 1 for both."""
+def _torchrun(job: DDPTrainingJob, index: int) -> list[str]:
+    """torchrun and its flags: worker `index`'s node of the job's rendezvous. Where the image
+    holds the trainer package, its torchrun, which exits as the failed rank did (a rank killed
+    by a signal restarts the group, a program error fails it); plain torchrun exits 1 for both.
+    Where the ranks restart in place, a c10d rendezvous whose store worker 0's agent hosts
+    (`is_host`, not left to torchrun's hostname matching), and as many restarts in place as
+    the job has left (a bound: the operator counts them against backoffLimit)."""
     spec = job.spec
-    launcher = list(contract.TORCHRUN_COMMAND) if _holds_the_trainer(spec) else ["torchrun"]
+    launcher = list(contract.TORCHRUN_COMMAND) if spec.holds_the_trainer else ["torchrun"]
     command = [*launcher, f"--nnodes={_nnodes(spec)}", f"--nproc-per-node={spec.procs_per_node}"]
-    if spec.elastic is not None:
+    rendezvous = [
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=$({contract.MASTER_ADDR}):$({contract.MASTER_PORT})",
+        f"--rdzv-id={job.name}",
+    ]
+    if spec.restarts_in_place:
         return [
             *command,
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=$({contract.MASTER_ADDR}):$({contract.MASTER_PORT})",
-            f"--rdzv-id={job.name}",
-            f"--max-restarts={spec.elastic.max_restarts}",
+            *rendezvous,
+            f"--rdzv-conf=is_host={'true' if index == 0 else 'false'}",
+            f"--max-restarts={restarts_left(job)}",
         ]
+    if spec.elastic is not None:
+        return [*command, *rendezvous, f"--max-restarts={spec.elastic.max_restarts}"]
     return [
         *command,
         f"--node-rank=$({contract.NODE_RANK})",
@@ -230,11 +238,17 @@ def _torchrun(job: DDPTrainingJob) -> list[str]:
     ]
 
 
-def torchrun_command(job: DDPTrainingJob) -> list[str]:
+def restarts_left(job: DDPTrainingJob) -> int:
+    """Restarts backoffLimit still allows: what a pod's agent may restart in place."""
+    restarts = job.status.restarts if job.status is not None else 0
+    return max(job.spec.run_policy.backoff_limit - restarts, 0)
+
+
+def torchrun_command(job: DDPTrainingJob, index: int) -> list[str]:
     """torchrun in front of the trainer module (or plain python for one process per pod)."""
     if _runs_one_process_directly(job.spec):
         return list(contract.TRAINER_COMMAND)
-    return [*_torchrun(job), "-m", contract.TRAINER_MODULE]
+    return [*_torchrun(job, index), "-m", contract.TRAINER_MODULE]
 
 
 # Programs that start the ranks themselves: a command starting with one is run as written.
@@ -263,7 +277,7 @@ def starts_a_launcher(command: list[str]) -> bool:
     return False
 
 
-def user_command(job: DDPTrainingJob) -> list[str]:
+def user_command(job: DDPTrainingJob, index: int) -> list[str]:
     """The job's own program, which runs as written with one process per pod (the env carries
     RANK and LOCAL_RANK) or when it starts its own launcher; otherwise torchrun starts
     nprocPerNode copies of it (`--no-python`: the command is run as given), as Kubeflow
@@ -271,7 +285,7 @@ def user_command(job: DDPTrainingJob) -> list[str]:
     command = list(job.spec.command or [])
     if _runs_one_process_directly(job.spec) or starts_a_launcher(command):
         return command
-    return [*_torchrun(job), "--no-python", *command]
+    return [*_torchrun(job, index), "--no-python", *command]
 
 
 def container_resources(spec: DDPTrainingJobSpec) -> Obj:
@@ -581,9 +595,9 @@ def build_worker_pod(job: DDPTrainingJob, index: int, attempt: int, settings: Bu
     """Worker `index` of attempt `attempt` (torchrun launcher)."""
     spec = job.spec
     if spec.command is not None:
-        command, args = user_command(job), list(spec.args or [])
+        command, args = user_command(job, index), list(spec.args or [])
     else:
-        command, args = torchrun_command(job), trainer_args(job)
+        command, args = torchrun_command(job, index), trainer_args(job)
     env = worker_env(job, index, attempt)
     container = _container(
         job,

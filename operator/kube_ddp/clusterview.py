@@ -133,6 +133,8 @@ def describe(job: Obj, pods: Sequence[Obj], events: Sequence[Obj], now: datetime
     accelerator = spec.get("accelerator", {})
     per_node = accelerator.get("perNode")
     restarts = f"{status.restarts} of at most {spec.get('runPolicy', {}).get('backoffLimit', 3)}"
+    if status.attempt:  # a group restarted: its pods' attempt
+        restarts += f" (attempt {status.attempt})"
     workers = status.workers
     lines = [
         f"Name:         {metadata.get('name')}",
@@ -165,6 +167,8 @@ def describe(job: Obj, pods: Sequence[Obj], events: Sequence[Obj], now: datetime
             )
         if training.images_per_sec is not None:
             parts.append(f"images/s {training.images_per_sec:.0f}")
+        if training.world_size is not None:  # an elastic job short of a worker trains on fewer
+            parts.append(f"{training.world_size} ranks")
         parts.append(f"reported {_when(training.updated_at, now)}")
         lines.append("Training:     " + "  ".join(parts))
     else:

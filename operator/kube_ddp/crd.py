@@ -179,6 +179,13 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes", "priority": 1},
     {
+        "name": "Ranks",
+        "type": "integer",
+        "jsonPath": ".status.training.worldSize",
+        "description": "Ranks training now (fewer than planned while an elastic job is short)",
+        "priority": 1,
+    },
+    {
         "name": "Preemptions",
         "type": "integer",
         "jsonPath": ".status.preemptions",

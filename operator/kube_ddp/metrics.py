@@ -32,6 +32,13 @@ GROUP_RESTARTS = Counter(
     "Group restarts of DDPTrainingJobs, by the reason of the failure that caused each",
     ["reason"],
 )
+RESTARTS = Counter(
+    "kubeddp_restarts",
+    "Restarts of DDPTrainingJobs (what status.restarts counts), by kind - Group (every pod "
+    "recreated, the next attempt), InPlace (a pod's agent restarted its ranks), Replaced (a "
+    "lost worker created again alone) - and the reason of the failure that caused each",
+    ["kind", "reason"],
+)
 PREEMPTIONS = Counter(
     "kubeddp_preemptions",
     "Preemptions of DDPTrainingJobs (a group stopped from outside, resumed, no restart counted), "
@@ -140,7 +147,14 @@ def observe_transition(body: dict[str, Any], before: JobStatus, after: JobStatus
     """Count what a status write changed."""
     if after.restarts > before.restarts:
         reason = (after.failure.reason if after.failure else None) or "Unknown"
-        GROUP_RESTARTS.labels(reason=reason).inc(after.restarts - before.restarts)
+        added = after.restarts - before.restarts
+        if after.current_attempt > before.current_attempt:
+            GROUP_RESTARTS.labels(reason=reason).inc(added)
+            RESTARTS.labels(kind="Group", reason=reason).inc(added)
+        elif after.in_place_restarts > before.in_place_restarts:
+            RESTARTS.labels(kind="InPlace", reason=reason).inc(added)
+        else:
+            RESTARTS.labels(kind="Replaced", reason=reason).inc(added)
     if after.preemptions > before.preemptions:
         by = (after.last_preemption.reason if after.last_preemption else None) or "Unknown"
         PREEMPTIONS.labels(reason=by).inc(after.preemptions - before.preemptions)

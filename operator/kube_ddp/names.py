@@ -55,6 +55,7 @@ MPI_WORKER: Final = "worker"
 # download), and a collective that timed out or a peer that went away.
 EXIT_TEMPORARY: Final = contract.EXIT_TEMPORARY
 EXIT_PEER_LOST: Final = contract.EXIT_PEER_LOST
+RANK_RESTART_FIELD: Final = contract.RANK_RESTART_FIELD
 # The trainer saved a checkpoint on SIGTERM and stopped: a preemption, resumed, never a failure.
 EXIT_PREEMPTED: Final = contract.EXIT_PREEMPTED
 

@@ -25,6 +25,11 @@ class Reason(StrEnum):
     CONTAINER_CANNOT_START = "ContainerCannotStart"
     CONTAINERS_STARTED = "ContainersStarted"  # ContainersStarted=True again
     WORKER_FAILED = "WorkerFailed"  # a group restart, or Failed under restartPolicy Never
+    # Event, Restarting, failure.reason: a pod's agent restarted its ranks in place (the job
+    # restarts in place), every pod kept
+    RESTARTED_IN_PLACE = "RestartedInPlace"
+    # Event, Restarting: a lost worker other than worker 0 is replaced alone, its peers wait
+    WORKER_REPLACED = "WorkerReplaced"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"  # retryable, but no restarts left
     NON_RETRYABLE_EXIT_CODE = "NonRetryableExitCode"  # the program failed: restarting won't help
     DEADLINE_EXCEEDED = "DeadlineExceeded"  # activeDeadlineSeconds

@@ -55,7 +55,8 @@ def report_progress(jobs: Jobs, name: str) -> None:
 def test_describe_shows_a_restarted_job_on_one_screen(
     cluster: Cluster, jobs: Jobs, operator: OperatorProcess
 ) -> None:
-    jobs.create(job_manifest("bar", nodes=2, runPolicy={"backoffLimit": 2}))
+    policy = {"backoffLimit": 2, "restartStrategy": "Recreate"}  # a group restart: attempt 1
+    jobs.create(job_manifest("bar", nodes=2, runPolicy=policy))
     jobs.wait_pods("bar", 2)
     jobs.wait_phase("bar", "Running")
     jobs.end_worker("bar-worker-1", 137)
@@ -68,7 +69,7 @@ def test_describe_shows_a_restarted_job_on_one_screen(
     screen = done.stdout
     assert f"Namespace:    {jobs.namespace}\n" in screen
     assert "Phase:        Running\n" in screen
-    assert "Restarts:     1 of at most 2\n" in screen
+    assert "Restarts:     1 of at most 2 (attempt 1)\n" in screen
     assert "Workers:      2 (2 running, 0 pending, 0 succeeded, 0 failed)\n" in screen
     assert "Failure:      bar-worker-1 exit 137 (Error)" in screen
     assert (

@@ -379,7 +379,9 @@ def racks_of(jobs: Jobs, name: str, count: int, attempt: int = 0) -> list[str]:
 def test_a_job_that_fits_a_rack_runs_in_one(
     racked_queue: str, jobs: Jobs, operator: OperatorProcess
 ) -> None:
-    jobs.create(topology_job("in-rack", racked_queue, 2, "Required"))
+    in_rack = topology_job("in-rack", racked_queue, 2, "Required")
+    in_rack["spec"]["runPolicy"] = {"restartStrategy": "Recreate"}  # a group restart, below
+    jobs.create(in_rack)
     racks = racks_of(jobs, "in-rack", 2)
     assert len(set(racks)) == 1 and racks[0] in ("a1", "a2")
     (assignment,) = workload_of(jobs, "in-rack")["status"]["admission"]["podSetAssignments"]

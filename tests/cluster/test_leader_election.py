@@ -26,6 +26,8 @@ from tests.cluster.operator_support import Jobs, job_manifest, running_operator
 from tests.cluster.support import Cluster, fresh_namespace, wait_for
 
 GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
+# The group path: a restart recreates every pod, the next attempt (in place is the default)
+RECREATE = {"restartStrategy": "Recreate"}
 # Short timings keep the test quick; the chart's defaults are 15 / 10 / 2 s.
 DURATION, DEADLINE, RETRY = 4.0, 3.0, 1.0
 
@@ -131,7 +133,7 @@ def test_killed_leader_is_replaced_within_seconds_without_duplicates(
         assert second.wait_ready("standby:").endswith("leads")
 
         jobs = Jobs(cluster, jobs_namespace)
-        jobs.create(job_manifest("bar", **GPU_2X8))
+        jobs.create(job_manifest("bar", runPolicy=RECREATE, **GPU_2X8))
         first_pods = jobs.wait_pods("bar", 2)
         jobs.wait_phase("bar", "Running")
         assert "kopf" not in second.log()  # the standby has not even started kopf
@@ -268,7 +270,7 @@ def test_an_operator_that_starts_while_its_pods_are_listed_restarts_nothing(
         (tmp_path / directory).mkdir()
     with running_operator(cluster, namespace, tmp_path / "first"):
         for name in job_names:
-            jobs.create(job_manifest(name, nodes=2))
+            jobs.create(job_manifest(name, nodes=2, runPolicy=RECREATE))
         for name in job_names:
             jobs.wait_phase(name, "Running", timeout=60)
     before = {p.metadata.name: p.metadata.uid for name in job_names for p in jobs.pods(name)}

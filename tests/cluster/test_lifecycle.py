@@ -224,14 +224,15 @@ def test_metrics_and_liveness(cluster: Cluster, namespace: str, jobs: Jobs, tmp_
         assert metric(text, "kubeddp_time_to_running_seconds_count") == 1
         assert metric(text, "kubeddp_group_restarts_total") == 0
         assert metric(text, "kubeddp_jobs_synced_total") == 1  # however often it was reconciled
-        jobs.end_worker("watched-worker-1", 137)
-        jobs.wait_pods("watched", 2, attempt=1)
+        jobs.end_worker("watched-worker-1", 137)  # replaced alone: the job restarts in place
 
         def restarted() -> str | None:
             text = scrape(metrics_port, "/metrics")[1]
-            return text if metric(text, "kubeddp_group_restarts_total") == 1 else None
+            replaced = metric(text, 'kubeddp_restarts_total{kind="Replaced"')
+            return text if replaced == 1 else None
 
-        wait_for(restarted, "kubeddp_group_restarts_total to count the restart")
+        text = wait_for(restarted, "kubeddp_restarts_total to count the replacement")
+        assert metric(text, "kubeddp_group_restarts_total") == 0
 
 
 def test_a_lost_node_restarts_the_group_elsewhere(
@@ -246,7 +247,9 @@ def test_a_lost_node_restarts_the_group_elsewhere(
         cluster.core.create_node(fake_node(node, label))
     try:
         template = {"nodeSelector": label}
-        jobs.create(job_manifest("roaming", nodes=2, template=template))
+        # Recreate: the group goes elsewhere (in place, only the lost node's worker would)
+        recreate = {"restartStrategy": "Recreate"}
+        jobs.create(job_manifest("roaming", nodes=2, template=template, runPolicy=recreate))
         pods = jobs.wait_pods("roaming", 2)
         doomed = pods[1].spec.node_name
         cluster.core.delete_node(doomed)

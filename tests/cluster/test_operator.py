@@ -22,6 +22,8 @@ from tests.cluster.operator_support import (
 from tests.cluster.support import Cluster, load_dev_cluster, wait_for
 
 GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
+# The group path: every pod recreated on a restart (trainer jobs restart in place by default)
+RECREATE = {"restartStrategy": "Recreate"}
 
 
 def test_gpu_job_runs_and_succeeds(cluster: Cluster, jobs: Jobs, operator: OperatorProcess) -> None:
@@ -78,7 +80,7 @@ def test_gaudi_job(jobs: Jobs, operator: OperatorProcess) -> None:
 
 
 def test_retryable_exit_restarts_the_group(jobs: Jobs, operator: OperatorProcess) -> None:
-    jobs.create(job_manifest("bar", **GPU_2X8))
+    jobs.create(job_manifest("bar", runPolicy=RECREATE, **GPU_2X8))
     first = jobs.wait_pods("bar", 2)
     jobs.wait_phase("bar", "Running")
     jobs.end_worker("bar-worker-1", 137)
@@ -100,6 +102,44 @@ def test_retryable_exit_restarts_the_group(jobs: Jobs, operator: OperatorProcess
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Restarting"]["status"] == "False"
     assert "WorkerFailed" in jobs.events("bar")
+
+
+def test_a_lost_worker_of_a_job_that_restarts_in_place_is_replaced_alone(
+    jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """InPlace (the default): worker 1 fails (137) and is the only pod created again, under
+    the same name and attempt; worker 0 keeps its pod; restarts 1, said as WorkerReplaced. A
+    second loss, worker 1 deleted, the same."""
+    jobs.create(job_manifest("bar", **GPU_2X8))
+    first = {p.metadata.name: p.metadata.uid for p in jobs.wait_pods("bar", 2)}
+    jobs.wait_phase("bar", "Running")
+    for restarts, lose in (
+        (1, lambda: jobs.end_worker("bar-worker-1", 137)),
+        (2, lambda: jobs.cluster.core.delete_namespaced_pod("bar-worker-1", jobs.namespace)),
+    ):
+        before = {p.metadata.name: p.metadata.uid for p in jobs.wait_pods("bar", 2)}
+        lose()
+
+        def replaced(old: str = before["bar-worker-1"]) -> list[Any] | None:
+            pods = jobs.wait_pods("bar", 2, attempt=0)
+            worker1 = next(p for p in pods if p.metadata.name == "bar-worker-1")
+            return pods if worker1.metadata.uid != old else None
+
+        pods = wait_for(replaced, f"worker 1 replaced ({restarts})", timeout=60)
+        assert {p.metadata.name: p.metadata.uid for p in pods}["bar-worker-0"] == first[
+            "bar-worker-0"
+        ]
+        assert all(env_of(p)["KUBEDDP_ATTEMPT"] == "0" for p in pods)
+        status = wait_for(
+            lambda n=restarts: (
+                (s := jobs.status("bar")).get("phase") == "Running" and s["restarts"] == n and s
+            ),
+            f"the job Running again after restart {restarts}",
+            timeout=60,
+        )
+        assert status["attempt"] == 0 and status["replacing"] == [], status
+        assert status["failure"]["pod"] == "bar-worker-1"
+    assert jobs.events("bar").count("WorkerReplaced") == 2
 
 
 def test_non_retryable_exit_fails_the_job(jobs: Jobs, operator: OperatorProcess) -> None:
@@ -134,7 +174,7 @@ def test_exhausted_backoff_limit_fails_the_job(jobs: Jobs, operator: OperatorPro
 def test_deleted_worker_restarts_the_group(
     cluster: Cluster, jobs: Jobs, operator: OperatorProcess
 ) -> None:
-    jobs.create(job_manifest("bar", **GPU_2X8))
+    jobs.create(job_manifest("bar", runPolicy=RECREATE, **GPU_2X8))
     jobs.wait_phase("bar", "Running")
     cluster.core.delete_namespaced_pod("bar-worker-1", jobs.namespace)
     jobs.wait_pods("bar", 2, attempt=1)
@@ -148,7 +188,7 @@ def test_preempted_groups_resume_without_a_restart(jobs: Jobs, operator: Operato
     """A worker that exits 86 (it saved on SIGTERM): the group is recreated under the same
     attempt, again and again, never counted against backoffLimit 0; the API server keeps the
     preemption fields the status carries."""
-    jobs.create(job_manifest("bar", runPolicy={"backoffLimit": 0}, **GPU_2X8))
+    jobs.create(job_manifest("bar", runPolicy={"backoffLimit": 0, **RECREATE}, **GPU_2X8))
     before = {p.metadata.uid for p in jobs.wait_pods("bar", 2)}
     jobs.wait_phase("bar", "Running")
     for preemption in (1, 2):

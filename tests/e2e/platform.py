@@ -75,6 +75,11 @@ class Platform:
         `sig` (SIGSTOP: a hung rank)."""
         raise NotImplementedError
 
+    def kill_rank(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
+        """SIGKILL the rank(s) the pod's main process (the agent, ddp_trainer.torchrun) started,
+        from the node: a rank that crashes in a pod that stays."""
+        raise NotImplementedError
+
     @contextmanager
     def restricted(self, namespace: str) -> Iterator[JobSpec]:
         """`namespace` enforcing the restricted Pod Security Standard; yields the job_spec for
@@ -147,6 +152,16 @@ class DevPlatform(Platform):
                 core.delete_persistent_volume(volume)
 
     def kill(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
+        os.kill(self._main_pid(pod), sig)
+
+    def kill_rank(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
+        agent = self._main_pid(pod)
+        ranks = Path(f"/proc/{agent}/task/{agent}/children").read_text().split()
+        assert ranks, f"{pod.metadata.name}: its agent (pid {agent}) runs no rank"
+        for rank in ranks:
+            os.kill(int(rank), sig)
+
+    def _main_pid(self, pod: Any) -> int:
         container_id = pod.status.container_statuses[0].container_id.split("://")[-1]
         sys.path.insert(0, str(REPO / "hack"))
         from devcluster import node
@@ -154,10 +169,9 @@ class DevPlatform(Platform):
         listed = subprocess.run(
             [*node.ctr(), "tasks", "list"], capture_output=True, text=True, check=True
         ).stdout
-        pid = next(
+        return next(
             int(row.split()[1]) for row in listed.splitlines() if row.startswith(container_id)
         )
-        os.kill(pid, sig)
 
 
 @dataclass
@@ -165,12 +179,18 @@ class ExternalPlatform(Platform):
     node_exec: list[str] = field(default_factory=list)
 
     def kill(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
+        self._on_node(pod, f"kill -{int(sig)} $main")
+
+    def kill_rank(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
+        self._on_node(pod, f"kill -{int(sig)} $(cat /proc/$main/task/$main/children)")
+
+    def _on_node(self, pod: Any, script: str) -> None:
+        """Run `script` on the pod's node, `$main` the pid of its container's main process."""
         if not self.node_exec:
             raise AssertionError("set KUBEDDP_E2E_NODE_EXEC to reach the node's processes")
         container_id = pod.status.container_statuses[0].container_id.split("://")[-1]
         pid = f"crictl inspect --output go-template --template '{{{{.info.pid}}}}' {container_id}"
-        script = f"kill -{int(sig)} $({pid})"
-        subprocess.run([*self.node_exec, "sh", "-c", script], check=True)
+        subprocess.run([*self.node_exec, "sh", "-c", f"main=$({pid}); {script}"], check=True)
 
 
 def dev_platform(cluster: Cluster, helm: Path) -> DevPlatform:

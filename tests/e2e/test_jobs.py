@@ -35,6 +35,10 @@ DIGITS = {"dataset": "digits", "batchSize": 32, "device": "cpu", "timeoutSeconds
 TRAINING_TIMEOUT = 240  # seconds: import torch, train, on 2 shared cores
 
 
+# The group path: every pod recreated on a restart (trainer jobs restart in place by default)
+RECREATE = {"restartStrategy": "Recreate"}
+
+
 def cpu_job(platform: Platform, name: str, **spec: Any) -> dict[str, Any]:
     return job_manifest(name, **platform.job_spec({"nodes": 2, **spec}))
 
@@ -160,9 +164,11 @@ def wait_for_two_epochs(jobs: Jobs, name: str) -> None:
 
 
 def test_a_killed_rank_restarts_the_group_which_resumes(platform: Platform, jobs: Jobs) -> None:
-    """Scenario 3: a worker's trainer is SIGKILLed mid-training: exit 137, one group restart,
-    and the new attempt resumes from the checkpoint the first one wrote."""
-    jobs.create(cpu_job(platform, "resume", **checkpointed(platform, jobs)))
+    """Scenario 3: a worker's trainer is SIGKILLed mid-training: exit 137, one group restart
+    (restartStrategy Recreate), and the new attempt resumes from the checkpoint the first one
+    wrote."""
+    spec = {**checkpointed(platform, jobs), "runPolicy": RECREATE}
+    jobs.create(cpu_job(platform, "resume", **spec))
     wait_for_two_epochs(jobs, "resume")
     victim = jobs.cluster.core.read_namespaced_pod("resume-worker-1", jobs.namespace)
     platform.kill(victim)
@@ -197,7 +203,8 @@ def test_a_hung_rank_restarts_the_group_at_the_progress_deadline(
     bug), resumes from the checkpoint and succeeds. The collective's own timeout (600 s) is
     far beyond the deadline: the deadline is what ends the hang."""
     spec = checkpointed(platform, jobs, timeoutSeconds=600)
-    spec["runPolicy"] = {"progressDeadlineSeconds": PROGRESS_DEADLINE}
+    # Recreate: the stopped process is the pod's own (no agent in front of the trainer)
+    spec["runPolicy"] = {"progressDeadlineSeconds": PROGRESS_DEADLINE, **RECREATE}
     jobs.create(cpu_job(platform, "hang", **spec))
     wait_for_two_epochs(jobs, "hang")
     victim = jobs.cluster.core.read_namespaced_pod("hang-worker-1", jobs.namespace)
@@ -255,7 +262,8 @@ def test_a_dead_node_restarts_the_group_instead_of_freezing(platform: Platform, 
         "effect": "NoExecute",
         "tolerationSeconds": 5,
     }
-    spec = {"trainer": trainer, "template": {"tolerations": [unreachable]}}
+    # Recreate: the whole group on the lost node goes (in place, worker 0 lost does the same)
+    spec = {"trainer": trainer, "template": {"tolerations": [unreachable]}, "runPolicy": RECREATE}
     jobs.create(cpu_job(platform, "orphan", **spec))
     old = jobs.wait_pods("orphan", 2, timeout=TRAINING_TIMEOUT)
     with node_stopped(platform, old):
@@ -304,7 +312,7 @@ def test_an_oom_kill_is_reported_and_restarted_like_137(
     spec = {
         "command": command,
         "resources": {"limits": {"memory": "128Mi"}},
-        "runPolicy": {"backoffLimit": 1},
+        "runPolicy": {"backoffLimit": 1, **RECREATE},
     }
     jobs.create(cpu_job(platform, "hog", **spec))
     status = jobs.wait_phase("hog", "Failed", timeout=120)
@@ -477,7 +485,8 @@ def test_a_hung_rank_of_the_users_own_script_restarts_at_the_deadline(
         **document["spec"],
         "nprocPerNode": 1,
         "args": ["--epochs", "100000", "--steps-per-epoch", "100"],
-        "runPolicy": {"backoffLimit": 1, "progressDeadlineSeconds": PROGRESS_DEADLINE},
+        # Recreate: the script is the pod's own process, no agent in front of it
+        "runPolicy": {"backoffLimit": 1, "progressDeadlineSeconds": PROGRESS_DEADLINE, **RECREATE},
     }
     jobs.create({**document, "spec": platform.job_spec(spec)})
     wait_for(

@@ -19,7 +19,7 @@ from ddp_trainer import contract
 from tests.cluster.operator_support import Jobs
 from tests.cluster.support import load_dev_cluster, wait_for
 from tests.e2e.platform import DevPlatform, Platform
-from tests.e2e.test_jobs import DIGITS, TRAINING_TIMEOUT, cpu_job, logs
+from tests.e2e.test_jobs import DIGITS, RECREATE, TRAINING_TIMEOUT, cpu_job, logs
 from tests.e2e.test_preemption import GRACE, evict, global_step, wait_preempted
 from tests.s3_server import S3Server, running_s3_server
 
@@ -56,6 +56,7 @@ def test_a_drained_trainer_saves_to_the_object_store_and_resumes_from_that_step(
         "checkpointStore": {"secretName": secret},
         "template": {"terminationGracePeriodSeconds": GRACE * 4},
         "env": [{"name": contract.HEARTBEAT_ENV, "value": "1"}],
+        "runPolicy": RECREATE,  # the group resumes; in place, worker 1 alone would
     }
     jobs.create(cpu_job(platform, "s3drain", **spec))
 

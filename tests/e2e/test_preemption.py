@@ -17,7 +17,7 @@ from kube_ddp.reasons import Reason
 from tests.cluster.operator_support import Jobs
 from tests.cluster.support import wait_for
 from tests.e2e.platform import Platform
-from tests.e2e.test_jobs import DIGITS, TRAINING_TIMEOUT, cpu_job, logs
+from tests.e2e.test_jobs import DIGITS, RECREATE, TRAINING_TIMEOUT, cpu_job, logs
 
 GRACE = 5  # seconds: the trap answers at once; the trainer's tiny saves take well under this
 # A worker that saves nothing but answers SIGTERM as the trainer does: the preempted code.
@@ -30,8 +30,10 @@ TRAPS_SIGTERM = [
 
 
 def trapping_job(platform: Platform, name: str) -> dict[str, Any]:
+    """A group whose pods are the program itself (Recreate: no agent in front of it), which
+    saves and exits 86 on SIGTERM."""
     template = {"terminationGracePeriodSeconds": GRACE}
-    return cpu_job(platform, name, command=TRAPS_SIGTERM, template=template)
+    return cpu_job(platform, name, command=TRAPS_SIGTERM, template=template, runPolicy=RECREATE)
 
 
 def set_suspend(jobs: Jobs, name: str, suspend: bool) -> None:

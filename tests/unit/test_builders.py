@@ -10,6 +10,7 @@ import pytest
 
 from ddp_trainer import contract
 from kube_ddp import names
+from kube_ddp.api import JobStatus
 from kube_ddp.builders import (
     LAUNCHER_REQUESTS,
     OPEN_MPI_ENV,
@@ -53,6 +54,8 @@ MASTER = "bar-worker-0.bar.ns1.svc"
 GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
 GAUDI_2X8 = {"nodes": 2, "accelerator": {"type": "gaudi", "perNode": 8}}
 ELASTIC = {"nodes": 2, "elastic": {"minNodes": 1, "maxNodes": 4}, "nprocPerNode": 2}
+# The group path: every pod recreated on a restart (restarts in place are the default)
+RECREATE = {"runPolicy": {"restartStrategy": "Recreate"}}
 # An NCCL job's watchdog: a hang or a lost peer ends the process in bounded time, with a trace.
 NCCL_WATCHDOG = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
@@ -91,10 +94,22 @@ def every_worker_gets(index_env: dict[str, str]) -> dict[str, str]:
     }
 
 
+# torchrun's restarts (elastic, or in place) re-form the group on a store of their own
+# (pytorch#135712: a shared one hands out the dead group's addresses)
+SEPARATE_RDZV_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# What the pod's agent reads its failure rules from, where the ranks restart in place
+IN_PLACE_ENV = {"KUBEDDP_RESTART_POLICY": "ExitCode", "KUBEDDP_RETRYABLE_EXIT_CODES": ""}
+# The c10d rendezvous on worker 0's store (then `is_host`, which says whose store it is)
+IN_PLACE_RDZV = [
+    "--rdzv-backend=c10d",
+    "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)",
+    "--rdzv-id=bar",
+]
+
 CONTRACT = [
     ContractCase(
         id="1x1 cpu",
-        spec={"nodes": 1},
+        spec={"nodes": 1, **RECREATE},
         index=0,
         env={
             "NNODES": "1",
@@ -109,7 +124,7 @@ CONTRACT = [
     ),
     ContractCase(
         id="2x8 nvidia, worker 1",
-        spec=GPU_2X8,
+        spec={**GPU_2X8, **RECREATE},
         index=1,
         env={
             "NNODES": "2",
@@ -123,7 +138,7 @@ CONTRACT = [
     ),
     ContractCase(
         id="2x8 gaudi",
-        spec=GAUDI_2X8,
+        spec={**GAUDI_2X8, **RECREATE},
         index=0,
         env={
             "NNODES": "2",
@@ -136,7 +151,7 @@ CONTRACT = [
     ),
     ContractCase(
         id="elastic 1:4 x 2",
-        spec=ELASTIC,
+        spec={**ELASTIC, **RECREATE},
         index=1,
         env={
             "NNODES": "1:4",
@@ -156,6 +171,71 @@ CONTRACT = [
         ],
         # torchrun restarts across nodes need it (pytorch#135712)
         launcher_defaults={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+    ),
+    ContractCase(
+        id="1x1 cpu in place",
+        spec={"nodes": 1},
+        index=0,
+        env={
+            "NNODES": "1",
+            "NODE_RANK": "0",
+            "NPROC_PER_NODE": "1",
+            "WORLD_SIZE": "1",
+            "DDP_BACKEND": "gloo",
+            **IN_PLACE_ENV,
+        },
+        command=[
+            *TORCHRUN,
+            "--nnodes=1",
+            "--nproc-per-node=1",
+            *IN_PLACE_RDZV,
+            "--rdzv-conf=is_host=true",
+        ],
+        launcher_defaults=SEPARATE_RDZV_STORE,
+    ),
+    ContractCase(
+        id="2x8 nvidia in place, worker 1",
+        spec={**GPU_2X8, "runPolicy": {"backoffLimit": 5, "retryableExitCodes": [3, 4]}},
+        index=1,
+        env={
+            "NNODES": "2",
+            "NODE_RANK": "1",
+            "NPROC_PER_NODE": "8",
+            "WORLD_SIZE": "16",
+            "DDP_BACKEND": "nccl",
+            **IN_PLACE_ENV,
+            "KUBEDDP_RETRYABLE_EXIT_CODES": "3,4",
+        },
+        command=[
+            *TORCHRUN,
+            "--nnodes=2",
+            "--nproc-per-node=8",
+            *IN_PLACE_RDZV,
+            "--rdzv-conf=is_host=false",
+            "--max-restarts=5",
+        ],
+        launcher_defaults={**NCCL_WATCHDOG, **SEPARATE_RDZV_STORE},
+    ),
+    ContractCase(
+        id="elastic 1:4 x 2 in place",
+        spec=ELASTIC,
+        index=1,
+        env={
+            "NNODES": "1:4",
+            "NODE_RANK": "1",
+            "NPROC_PER_NODE": "2",
+            "WORLD_SIZE": "4",
+            "DDP_BACKEND": "gloo",
+            **IN_PLACE_ENV,
+        },
+        command=[
+            *TORCHRUN,
+            "--nnodes=1:4",
+            "--nproc-per-node=2",
+            *IN_PLACE_RDZV,
+            "--rdzv-conf=is_host=false",
+        ],
+        launcher_defaults=SEPARATE_RDZV_STORE,
     ),
 ]
 
@@ -442,7 +522,8 @@ def test_own_command_keeps_the_contract_and_user_env_follows_it() -> None:
 
 
 def test_own_command_with_one_process_a_pod_runs_as_the_rank_itself() -> None:
-    container = container_of(worker({"nodes": 2, "command": ["python", "train.py"]}))
+    spec = {"nodes": 2, "command": ["python", "train.py"], **RECREATE}
+    container = container_of(worker(spec))
     assert container["command"] == ["python", "train.py"]
     assert (env_of(container)["RANK"], env_of(container)["LOCAL_RANK"]) == ("0", "0")
 
@@ -694,7 +775,8 @@ def test_reserved_env_is_exactly_what_the_builders_set() -> None:
     job together sets each reserved name, and nothing else of the contract."""
     shapes = [
         make_job(**GPU_2X8),  # torchrun, several processes per pod
-        make_job(nodes=2),  # one process per pod: RANK and LOCAL_RANK too
+        make_job(nodes=2, **RECREATE),  # one process per pod: RANK and LOCAL_RANK too
+        make_job(nodes=2),  # restarts in place: the agent's failure rules
         make_job(nodes=2, elastic={"minNodes": 1, "maxNodes": 3}),
         make_job(nodes=2, launcher="mpi"),
     ]
@@ -885,3 +967,25 @@ def test_mpi_pods_get_no_default_fsgroup_that_would_open_the_ssh_key() -> None:
     mpijob = build_mpijob(make_job(nodes=2, launcher="mpi", mpi=mpi), 0, SETTINGS)
     for replica in mpijob["spec"]["mpiReplicaSpecs"].values():
         assert "fsGroup" not in replica["template"]["spec"].get("securityContext", {})
+
+
+def test_agents_may_restart_in_place_what_backoff_limit_has_left() -> None:
+    """The agent's own bound on restarts in place: backoffLimit less the restarts counted when
+    the pod is created (the operator enforces the limit; this keeps an agent from going on)."""
+    job = make_job(nodes=2, runPolicy={"backoffLimit": 4})
+    job = job.model_copy(update={"status": JobStatus(restarts=3)})
+    (pod,) = [c for c in build_children(job, 1, SETTINGS, [1]) if c["kind"] == "Pod"]
+    assert "--max-restarts=1" in container_of(pod)["command"]
+    spent = job.model_copy(update={"status": JobStatus(restarts=4)})
+    (pod,) = [c for c in build_children(spent, 1, SETTINGS, [1]) if c["kind"] == "Pod"]
+    assert "--max-restarts=0" in container_of(pod)["command"]
+
+
+def test_only_jobs_whose_image_holds_the_agent_restart_in_place() -> None:
+    assert make_job(nodes=2).spec.restarts_in_place
+    assert make_job(nodes=2, command=["python", "train.py"]).spec.restarts_in_place
+    assert not make_job(nodes=2, **RECREATE).spec.restarts_in_place
+    assert not make_job(nodes=2, launcher="mpi").spec.restarts_in_place
+    own_image = make_job(nodes=2, image="me/train:2", command=["python", "train.py"])
+    assert not own_image.spec.restarts_in_place
+    assert container_of(build_worker_pod(own_image, 1, 0, SETTINGS))["command"][0] == "python"

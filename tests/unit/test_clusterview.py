@@ -34,6 +34,7 @@ def test_the_screen_shows_phase_failure_progress_pods_and_events() -> None:
                 "epoch": 7,
                 "epochs": 30,
                 "valAccuracy": 0.884,
+                "worldSize": 12,
                 "updatedAt": "2026-11-23T15:57:30Z",
             },
         },
@@ -68,7 +69,8 @@ def test_the_screen_shows_phase_failure_progress_pods_and_events() -> None:
     assert "Accelerator:  nvidia x 8 per node, backend auto\n" in screen
     assert "Completed:    2026-11-23T15:58:00Z (2m ago)\n" in screen
     assert (
-        "Training:     epoch 7/30  val-acc 0.8840  reported 2026-11-23T15:57:30Z (2m ago)" in screen
+        "Training:     epoch 7/30  val-acc 0.8840  12 ranks  reported 2026-11-23T15:57:30Z (2m ago)"
+        in screen
     )
     assert "Failure:      bar-worker-1 exit 137 (OOMKilled)\n" in screen
     assert (

@@ -169,13 +169,19 @@ def test_the_trainers_progress_is_never_written_back() -> None:
     assert fake.jobs[STATUS.removesuffix("/status")]["status"]["training"] == training
 
 
-def test_a_stale_watch_event_cannot_restart_the_group_twice() -> None:
+@pytest.mark.parametrize(
+    ("strategy", "said"),
+    [("Recreate", Reason.WORKER_FAILED), ("InPlace", Reason.WORKER_REPLACED)],
+)
+def test_a_stale_watch_event_cannot_restart_the_group_twice(strategy: str, said: Reason) -> None:
     """After our status write (restarts 1), the watch may still deliver the job as it was
-    before (restarts 0, a worker failed): the cache keeps the newer body."""
+    before (restarts 0, a worker failed): the cache keeps the newer body. The same for a
+    group restart and for a worker replaced alone."""
     failed = [pod(0), pod(1, "Failed", exit_code=137, reason="Error")]
 
     async def scenario(fake: FakeApi, controller: Controller) -> None:
-        before = job_body({"phase": "Running", "startTime": "2026-11-22T12:00:00Z"})
+        status = {"phase": "Running", "startTime": "2026-11-22T12:00:00Z"}
+        before = job_body(status, runPolicy={"restartStrategy": strategy})
         start(fake, controller, before, failed)
         await controller.reconcile(KEY)
         controller.jobs.offer(KEY, copy.deepcopy(before))  # the stale event
@@ -183,7 +189,7 @@ def test_a_stale_watch_event_cannot_restart_the_group_twice() -> None:
 
     fake = run(scenario)
     assert {s["restarts"] for s in written_statuses(fake)} == {1}
-    assert event_reasons(fake) == [Reason.WORKER_FAILED]  # a second restart would say it again
+    assert event_reasons(fake).count(said) == 1  # a second restart would say it again
 
 
 def test_the_job_cache_keeps_the_newest_resource_version() -> None:
@@ -277,8 +283,10 @@ def test_a_worker_deleted_right_after_it_saved_is_a_preemption_not_a_vanished_on
 
     fake = run(scenario)
     [status] = written_statuses(fake)
-    assert (status["phase"], status["restarts"], status["preemptions"]) == ("Restarting", 0, 1)
+    # only the evicted worker is replaced; worker 0 runs on
+    assert (status["phase"], status["restarts"], status["preemptions"]) == ("Starting", 0, 1)
     assert status["lastPreemption"]["reason"] == "EvictionByEvictionAPI"
+    assert status["replacing"] == [1]
 
 
 def test_a_stopped_group_does_not_wait_for_the_last_words_of_its_pods() -> None:

@@ -105,7 +105,8 @@ def test_a_torchrun_pod_runs_its_command_with_the_env_contract(
     monkeypatch.setenv("RANK", "7")
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
-    job = fit_job(make_job(nodes=2, nprocPerNode=2, trainer={"epochs": 1}), Overrides(), CPU_ONLY)
+    recreated = make_job(nodes=2, nprocPerNode=2, trainer={"epochs": 1}, runPolicy=RECREATE)
+    job = fit_job(recreated, Overrides(), CPU_ONLY)
     port = str(job.spec.port)
     first, second = worker_launches(job, 0, (0, 1), settings())
     assert second.argv == [
@@ -146,6 +147,7 @@ def test_a_torchrun_pod_runs_its_command_with_the_env_contract(
 def test_the_users_env_is_expanded_as_the_kubelet_does() -> None:
     spec = {
         "nodes": 2,
+        "runPolicy": RECREATE,
         "command": ["sh", "-c", "echo $(ENDPOINT) $$(NODE_RANK) $(UNDEFINED)"],
         "env": [
             {"name": "ENDPOINT", "value": "tcp://$(MASTER_ADDR):$(MASTER_PORT)/$(NODE_RANK)"},
@@ -247,8 +249,14 @@ def write_job(tmp_path: Path, spec: dict[str, Any], name: str = "bar") -> Path:
     return path
 
 
+# The group path: every worker recreated on a restart (restarts in place are the default)
+RECREATE = {"restartStrategy": "Recreate"}
+
+
 def python_workers(script: str, nodes: int = 2, **spec: Any) -> dict[str, Any]:
-    """A job whose workers run `script` (env: NODE_RANK, KUBEDDP_ATTEMPT, OUT)."""
+    """A job whose workers run `script` (env: NODE_RANK, KUBEDDP_ATTEMPT, OUT), restarted as a
+    group unless `runPolicy` says otherwise."""
+    spec["runPolicy"] = {**RECREATE, **spec.get("runPolicy", {})}
     return {"nodes": nodes, "command": ["python", "-c", script], **spec}
 
 
@@ -466,3 +474,68 @@ def test_run_without_local_says_how_to_run_on_a_cluster() -> None:
     done = run_cli("run", str(REPO / "manifests/examples/digits-cpu.yaml"))
     assert done.returncode == 2
     assert "pass --local" in done.stderr and "kubectl apply -f" in done.stderr
+
+
+def test_a_lost_worker_of_a_job_that_restarts_in_place_is_replaced_alone(tmp_path: Path) -> None:
+    """Each pod runs the agent (ddp_trainer.torchrun, c10d rendezvous on worker 0's store).
+    Worker 1's agent dies by SIGKILL (its pod lost): only worker 1 is created again, under the
+    same attempt; worker 0 and its agent keep running and take the replacement in (its ranks
+    re-rendezvous), and the job ends when worker 0's rank sees the replacement (torchrun's
+    agents leave together: an exit barrier)."""
+    script = (
+        "import os, signal, time; from pathlib import Path\n"
+        "out, pod = Path(os.environ['OUT']), os.environ['KUBEDDP_POD_NAME']\n"
+        "if pod.endswith('-1'):\n"
+        "    first = not (out / 'lost').exists()\n"
+        "    (out / ('replaced', 'lost')[first]).write_text(str(os.getppid()))\n"
+        "    if first: os.kill(os.getppid(), signal.SIGKILL); time.sleep(600)\n"
+        "    while not (out / 'worker-0-saw-it').exists(): time.sleep(0.1)\n"
+        "    raise SystemExit(0)\n"
+        "(out / 'agent-0').write_text(str(os.getppid()))\n"
+        "while not (out / 'replaced').exists(): time.sleep(0.1)\n"
+        "(out / 'worker-0-saw-it').write_text(os.environ['KUBEDDP_ATTEMPT'])\n"
+    )
+    spec = python_workers(script, env=out_env(tmp_path), runPolicy={"restartStrategy": "InPlace"})
+    done = run_cli("run", "--local", str(write_job(tmp_path, spec)))
+    assert done.returncode == 0, done.stderr
+    assert "Warning WorkerReplaced: bar-worker-1 exited with code 137" in done.stderr
+    assert "restart 1 of at most 3" in done.stderr
+    rows = [line.split() for line in done.stderr.splitlines() if line.startswith("bar-worker-")]
+    # worker 0 never stopped: one process all along; worker 1's replacement, the same attempt,
+    # ends with it or is stopped once the job has ended
+    assert [(r[0], r[1], r[3]) for r in rows[:2]] == [
+        ("bar-worker-0", "0", "0"),
+        ("bar-worker-1", "0", "137"),
+    ]
+    assert (rows[2][0], rows[2][1], rows[2][3] in ("0", "143")) == ("bar-worker-1", "0", True)
+    assert len(rows) == 3
+    assert (tmp_path / "worker-0-saw-it").read_text() == "0"
+    assert (tmp_path / "lost").read_text() != (tmp_path / "replaced").read_text()
+    assert "restarts      1" in done.stderr
+
+
+def test_a_killed_rank_restarts_in_place_and_is_counted(tmp_path: Path) -> None:
+    """A rank of worker 1 is SIGKILLed (137, retryable): its agent restarts it in place, worker
+    0's agent follows (the group re-forms), the agent reports it to the runner's endpoint, and
+    the runner counts it: one restart, RestartedInPlace, every worker one process all along."""
+    script = (
+        "import os, signal, time; from pathlib import Path\n"
+        "out, pod = Path(os.environ['OUT']), os.environ['KUBEDDP_POD_NAME']\n"
+        "if pod.endswith('-1'):\n"
+        "    if not (out / 'crashed').exists():\n"
+        "        (out / 'crashed').write_text(''); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    (out / 'again').write_text(''); raise SystemExit(0)\n"
+        "while not (out / 'again').exists(): time.sleep(0.1)\n"
+    )
+    spec = python_workers(script, env=out_env(tmp_path), runPolicy={"restartStrategy": "InPlace"})
+    done = run_cli("run", "--local", str(write_job(tmp_path, spec)))
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "Warning RestartedInPlace" in line]
+    assert len(said) == 1 and "(pod bar-worker-1) exited with code 137" in said[0], said
+    rows = [line.split() for line in done.stderr.splitlines() if line.startswith("bar-worker-")]
+    # one process each all along (worker 1 ends with worker 0 or is stopped once the job ended)
+    assert [(r[0], r[1], r[3] in ("0", "143")) for r in rows] == [
+        ("bar-worker-0", "0", True),
+        ("bar-worker-1", "0", True),
+    ]
+    assert "restarts      1" in done.stderr

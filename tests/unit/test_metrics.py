@@ -63,6 +63,27 @@ def test_a_restart_is_counted_under_the_reason_of_its_failure() -> None:
     assert count("Unknown") == before["Unknown"] + 1
 
 
+def test_restarts_are_counted_by_kind() -> None:
+    def count(kind: str) -> float:
+        labels = {"kind": kind, "reason": "Error"}
+        return REGISTRY.get_sample_value("kubeddp_restarts_total", labels) or 0.0
+
+    kinds = ("Group", "InPlace", "Replaced")
+    before = {kind: count(kind) for kind in kinds}
+    body, failed = job("vit", "Running"), Failure(pod="vit-worker-1", exit_code=137, reason="Error")
+    start = JobStatus(restarts=1, attempt=1)
+    group = JobStatus(restarts=2, attempt=2, failure=failed)
+    in_place = JobStatus(restarts=3, attempt=1, in_place_restarts=2, failure=failed)
+    replaced = JobStatus(restarts=2, attempt=1, failure=failed)
+    for after in (group, in_place, replaced):
+        metrics.observe_transition(body, start, after)
+    assert {kind: count(kind) - before[kind] for kind in kinds} == {
+        "Group": 1,
+        "InPlace": 2,
+        "Replaced": 1,
+    }
+
+
 def test_a_preemption_is_counted_by_what_stopped_the_group() -> None:
     def count() -> float:
         labels = {"reason": "EvictionByEvictionAPI"}

@@ -25,8 +25,14 @@ NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 UID = "uid-1"
 
 
+# Where these tables restart the group: every pod recreated (test_status_inplace.py has the
+# restarts in place that trainer jobs get by default)
+RECREATE = {"restartStrategy": "Recreate"}
+
+
 def job(status: dict[str, Any] | None = None, **spec: Any) -> DDPTrainingJob:
     spec = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}, **spec}
+    spec["runPolicy"] = {**RECREATE, **spec.get("runPolicy", {})}
     document = job_document(spec)
     document["metadata"].update(uid=UID, generation=4)
     if status is not None:

@@ -67,6 +67,12 @@ def torchrun_name(name: str) -> str:
     return TORCHRUN_PREFIX + name
 
 
+# The failure rules the agent (ddp_trainer.torchrun) applies to its own ranks before it restarts
+# them in place, the same the operator applies to pods: runPolicy.restartPolicy and
+# runPolicy.retryableExitCodes (comma-separated), set by the operator on every worker.
+RESTART_POLICY_ENV: Final = "KUBEDDP_RESTART_POLICY"
+RETRYABLE_EXIT_CODES_ENV: Final = "KUBEDDP_RETRYABLE_EXIT_CODES"
+
 # Every name the operator may set, built from the names above so the two cannot drift: a job
 # that sets one of these in its own env is refused.
 RESERVED_ENV: Final = (
@@ -81,6 +87,8 @@ RESERVED_ENV: Final = (
     JOB_NAMESPACE,
     ATTEMPT,
     *FIELD_OF,
+    RESTART_POLICY_ENV,
+    RETRYABLE_EXIT_CODES_ENV,
 )
 
 # --- silent failures: progress heartbeats and a lost peer ------------------------------------
@@ -99,11 +107,7 @@ FLIGHT_RECORDER_FILE: Final = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 EXIT_PEER_LOST: Final = 88
 
 # --- restarts in place: the pod's agent restarts its ranks, the pods stay -----------------------
-# The failure rules the agent (ddp_trainer.torchrun) applies to its own ranks before it restarts
-# them in place, the same the operator applies to pods: runPolicy.restartPolicy and
-# runPolicy.retryableExitCodes (comma-separated), set by the operator on every worker.
-RESTART_POLICY_ENV: Final = "KUBEDDP_RESTART_POLICY"
-RETRYABLE_EXIT_CODES_ENV: Final = "KUBEDDP_RETRYABLE_EXIT_CODES"
+# (the env the agent reads its failure rules from is with the env contract above)
 SIGNALLED: Final = 128  # a process killed by signal n ends as 128 + n, as the kubelet reports it
 # The status field the agent that restarted the group in place merge-patches (RankRestart in the
 # operator's api): the operator counts it in status.restarts and says it in an Event.

@@ -1,9 +1,11 @@
-"""A stand-in for the one API call the trainer makes: the merge patch of `status.training`.
+"""A stand-in for the one API call the workers make: the merge patch of `status.training` (rank
+0's progress) or `status.rankRestart` (a pod's agent that restarted its ranks in place).
 
 Rank 0 of the trainer reports progress with `ddp_trainer.report`, which PATCHes its job's
-/status subresource with a bearer token. Locally, this small server on 127.0.0.1 accepts that
-request at the same path, so the trainer is pointed at it (KUBEDDP_API_SERVER, and a token file
-for KUBEDDP_TOKEN_FILE) and cannot tell it from the API server.
+/status subresource with a bearer token (the agent's report goes the same way). Locally, this
+small server on 127.0.0.1 accepts that request at the same path, so the trainer is pointed at it
+(KUBEDDP_API_SERVER, and a token file for KUBEDDP_TOKEN_FILE) and cannot tell it from the API
+server.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from kube_ddp import names
-from kube_ddp.api import DDPTrainingJob, TrainingProgress
+from kube_ddp.api import DDPTrainingJob, RankRestart, StatusModel, TrainingProgress
+
+# The status fields the workers write, each with the model that checks it
+WRITTEN_BY_WORKERS: dict[str, type[StatusModel]] = {
+    "training": TrainingProgress,
+    names.RANK_RESTART_FIELD: RankRestart,
+}
 
 
 def status_path(job: DDPTrainingJob) -> str:
@@ -32,7 +40,8 @@ def status_path(job: DDPTrainingJob) -> str:
 
 
 class StatusEndpoint(ThreadingHTTPServer):
-    """Accepts merge patches of `status.training` for one job; `on_report` is called after each."""
+    """Accepts merge patches of the status fields the workers write (`WRITTEN_BY_WORKERS`) for
+    one job; `on_report` is called after each."""
 
     daemon_threads = True
 
@@ -44,7 +53,7 @@ class StatusEndpoint(ThreadingHTTPServer):
         self.token_file.write_text(self.token)
         self.token_file.chmod(0o600)
         self.lock = threading.Lock()
-        self.training: dict[str, Any] = {}
+        self.written: dict[str, dict[str, Any]] = {}
         self.reports = 0
         self.on_report: Callable[[], None] = lambda: None
         self._thread = threading.Thread(target=self.serve_forever, name="status-endpoint")
@@ -53,33 +62,46 @@ class StatusEndpoint(ThreadingHTTPServer):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def progress(self) -> TrainingProgress | None:
+    @property
+    def training(self) -> dict[str, Any]:
         with self.lock:
-            return TrainingProgress.model_validate(self.training) if self.training else None
+            return dict(self.written.get("training", {}))
+
+    def progress(self) -> TrainingProgress | None:
+        training = self.training
+        return TrainingProgress.model_validate(training) if training else None
+
+    def rank_restart(self) -> RankRestart | None:
+        with self.lock:
+            said = self.written.get(names.RANK_RESTART_FIELD)
+        return RankRestart.model_validate(said) if said else None
 
     def checkpoint_step(self) -> int | None:
         """The global step of the newest checkpoint rank 0 reported saved, if any."""
-        with self.lock:
-            saved = self.training.get("checkpoint")
+        saved = self.training.get("checkpoint")
         step = saved.get("step") if isinstance(saved, dict) else None
         return step if isinstance(step, int) else None
 
     def merge(self, patch: Any) -> str | None:
-        """Apply a JSON merge patch to status.training; a problem in words, or None."""
+        """Apply a JSON merge patch to the fields the workers write; a problem in words, or
+        None."""
         status = patch.get("status") if isinstance(patch, dict) else None
-        if not isinstance(status, dict) or set(status) != {"training"}:
-            return "only status.training may be patched"
-        training = status["training"]
-        if not isinstance(training, dict):
-            return "status.training must be an object"
+        allowed = ", ".join(f"status.{name}" for name in WRITTEN_BY_WORKERS)
+        if not isinstance(status, dict) or not status or not set(status) <= set(WRITTEN_BY_WORKERS):
+            return f"only {allowed} may be patched"
+        if not all(isinstance(value, dict) for value in status.values()):
+            return f"{allowed} must be objects"
         with self.lock:
-            merged = {**self.training, **training}
-            merged = {key: value for key, value in merged.items() if value is not None}
-            try:
-                TrainingProgress.model_validate(merged)
-            except ValidationError as error:
-                return str(error)
-            self.training = merged
+            written = dict(self.written)
+            for name, value in status.items():
+                merged = {**written.get(name, {}), **value}
+                merged = {key: each for key, each in merged.items() if each is not None}
+                try:
+                    WRITTEN_BY_WORKERS[name].model_validate(merged)
+                except ValidationError as error:
+                    return str(error)
+                written[name] = merged
+            self.written = written
             self.reports += 1
         self.on_report()
         return None
@@ -121,7 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, code: int, message: str | None) -> None:
         if message is None:
-            payload = json.dumps({"status": {"training": self.server.training}}).encode()
+            payload = json.dumps({"status": self.server.written}).encode()
         else:
             payload = json.dumps({"kind": "Status", "code": code, "message": message}).encode()
         self.send_response(code)

@@ -44,6 +44,9 @@ class LocalPod:
         self.reason: str | None = None
         self.message: str | None = None
         self.started_at = time.monotonic()
+        # creationTimestamp: what the rules compare reports with (a report older than the pods
+        # is an earlier group's)
+        self.created_at = datetime.now(UTC).isoformat()
         self.ended_at: float | None = None
         self.finished_at: str | None = None  # the moment it ended, as a sortable timestamp
         self.stop_requested_at: float | None = None
@@ -112,6 +115,7 @@ class LocalPod:
                 message=self.message,
                 finished_at=self.finished_at,
                 scheduled=True,
+                created_at=self.created_at,
             )
 
     def stop(self) -> None:

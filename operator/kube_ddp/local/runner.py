@@ -135,7 +135,12 @@ class _Runner:
             if not pod.alive and (pod.stop_requested_at is not None or self._finished):
                 self._forget(pod)  # a deleted pod is gone; so is every pod once the job ended
         progress = self.endpoint.progress()
-        observed = self.status.model_copy(update={"training": progress or self.status.training})
+        observed = self.status.model_copy(
+            update={
+                "training": progress or self.status.training,
+                "rank_restart": self.endpoint.rank_restart() or self.status.rank_restart,
+            }
+        )
         job = self.job.model_copy(update={"status": observed})
         views = [pod.view() for pod in self.pods.values()]
         decision = decide(job, views, datetime.now(UTC))

@@ -74,7 +74,8 @@ def decide(
     draft = Draft(
         status=job.status or JobStatus(), now=now, grace_seconds=termination_grace_seconds(job)
     )
-    draft.update(observed_generation=job.metadata.generation)
+    # Pinned before a restart that keeps the attempt (in place, a replaced pod) moves restarts.
+    draft.update(observed_generation=job.metadata.generation, attempt=draft.status.current_attempt)
     if job.spec.launcher == "mpi":
         decide_mpi(draft, job, mpijob, list(pods), set(expected), suspended_by)
     else:

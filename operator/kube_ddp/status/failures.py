@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ddp_trainer import contract
 from kube_ddp import names
 from kube_ddp.api import DDPTrainingJob, Failure
 from kube_ddp.reasons import PodReason, Reason
@@ -34,7 +35,6 @@ class TakenAway(StrEnum):
 TAKEN_AWAY: frozenset[str] = frozenset(TakenAway)
 # Pod reasons that mean the pod was taken away rather than the program failing.
 LOST_REASONS: frozenset[str] = frozenset({*TakenAway, PodReason.DELETED, PodReason.NODE_LOST})
-RETRYABLE_EXIT_CODE = 128  # >= 128: killed by a signal (OOM killer, SIGTERM, SIGKILL, abort)
 # The kubelet's reason for a container whose cgroup ran out of memory, whatever its exit code:
 # under torchrun the OOM killer takes a rank, and torchrun itself then exits 1.
 OOM_KILLED = "OOMKilled"
@@ -55,7 +55,7 @@ class WorkerFailure:
     def lost_or_killed(self) -> bool:
         return (
             self.exit_code is None
-            or self.exit_code >= RETRYABLE_EXIT_CODE
+            or self.exit_code >= contract.SIGNALLED
             or self.reason in LOST_REASONS
             or self.reason == OOM_KILLED
         )
@@ -156,21 +156,20 @@ def cause_first(failures: list[WorkerFailure]) -> list[WorkerFailure]:
 
 
 def is_retryable(job: DDPTrainingJob, failure: WorkerFailure) -> bool:
-    """Which failures restart the group (docs/design.md, "Failure rules")."""
+    """Which failures restart (docs/design.md, "Failure rules"): a lost pod or an OOM kill
+    whatever the code, else the exit-code rule the pods' agents apply to their ranks too."""
     policy = job.spec.run_policy
-    if policy.restart_policy == "Never":
-        return False
-    if policy.restart_policy == "OnFailure":
-        return True
-    if failure.exit_code is None:
-        return True  # evicted, deleted, node lost: nothing wrong with the program
-    if failure.reason in LOST_REASONS or failure.reason == OOM_KILLED:
-        return True
-    return (
-        failure.exit_code >= RETRYABLE_EXIT_CODE
-        or failure.peer_lost
-        or failure.exit_code == names.EXIT_TEMPORARY
-        or failure.exit_code in policy.retryable_exit_codes
+    lost = failure.exit_code is None or failure.reason in LOST_REASONS
+    if policy.restart_policy != "Never" and (lost or failure.reason == OOM_KILLED):
+        return True  # evicted, deleted, node lost, out of memory: not the program's error
+    code = failure.exit_code if failure.exit_code is not None else contract.SIGNALLED
+    return contract.exit_restarts(code, policy.restart_policy, policy.retryable_exit_codes)
+
+
+def failure_of(failure: WorkerFailure) -> Failure:
+    """`status.failure` for `failure`."""
+    return Failure(
+        pod=failure.pod, exit_code=failure.exit_code, reason=failure.reason, message=failure.message
     )
 
 
@@ -187,10 +186,7 @@ def fail_or_restart(
     failed = Reason.LAUNCHER_FAILED if first.launcher else Reason.WORKER_FAILED
     if first.hung:
         failed = Reason.PROGRESS_DEADLINE_EXCEEDED
-    failure = Failure(
-        pod=first.pod, exit_code=first.exit_code, reason=first.reason, message=first.message
-    )
-    draft.update(failure=failure)
+    draft.update(failure=failure_of(first))
     policy = job.spec.run_policy
     retryable = is_retryable(job, first)
     if retryable and draft.status.restarts < policy.backoff_limit:
@@ -199,7 +195,8 @@ def fail_or_restart(
             f"{first.describe()}; restarting the group "
             f"(restart {restarts} of at most {policy.backoff_limit})"
         )
-        draft.update(restarts=restarts)
+        attempt = draft.status.current_attempt + 1
+        draft.update(restarts=restarts, attempt=attempt, in_place_restarts=0, replacing=[])
         draft.condition("Restarting", "True", failed, message)
         draft.condition("Running", "False", failed, message)
         draft.phase("Restarting", failed, message, warning=True)
@@ -237,4 +234,5 @@ def resume_preempted(draft: Draft, failures: list[WorkerFailure], group: Group) 
     draft.condition("Restarting", "True", Reason.PREEMPTED, message)
     draft.condition("Running", "False", Reason.PREEMPTED, message)
     draft.phase("Restarting", Reason.PREEMPTED, message)
+    draft.update(replacing=[])
     group.stop(draft)

@@ -102,11 +102,13 @@ def progress(
     up: str | None,
     reason: Reason,
     starting_note: str = "",
+    restarting: bool = False,
 ) -> None:
     """Pending until every worker is placed, Starting until the group runs, then Running.
 
     `running` counts the workers that run; `up` says how the group runs (None while it does
-    not yet), with `reason`; `starting_note` tells what Starting still waits for.
+    not yet), with `reason`; `starting_note` tells what Starting still waits for; `restarting`:
+    ranks restarted in place have not reported progress yet (Restarting stays True).
     """
     nodes = job.spec.nodes
     ordered = sorted(workers.values(), key=lambda p: p.index)
@@ -115,7 +117,7 @@ def progress(
     _containers_started(draft, ordered)
     if up is not None:
         draft.condition("Running", "True", reason, up)
-        if condition_status(draft.status, "Restarting") == "True":
+        if condition_status(draft.status, "Restarting") == "True" and not restarting:
             draft.condition("Restarting", "False", reason, up)
         draft.phase("Running", reason, up)
     elif all(i in workers for i in range(nodes)) and all(p.scheduled for p in ordered):

@@ -58,7 +58,7 @@ def decide_mpi(
     suspended_by: tuple[str, str] | None = None,
 ) -> None:
     status = draft.status
-    attempt = status.restarts
+    attempt = status.current_attempt
     policy = job.spec.run_policy
     current = [p for p in pods if p.attempt == attempt]
     workers = {p.index: p for p in current if p.role == names.MPI_WORKER}

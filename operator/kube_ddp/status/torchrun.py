@@ -11,6 +11,13 @@ from kube_ddp.api import DDPTrainingJob, RunPolicy, WorkerCounts
 from kube_ddp.reasons import PodReason, Reason
 from kube_ddp.status.draft import CreateWorkers, Draft, Event
 from kube_ddp.status.failures import WorkerFailure, cause_first, fail_or_restart, pod_failure
+from kube_ddp.status.inplace import (
+    fold_rank_restart,
+    go_on_replacing,
+    replace,
+    replaceable,
+    restarting_in_place,
+)
 from kube_ddp.status.lifecycle import (
     FINISHED,
     after_finish,
@@ -51,7 +58,7 @@ def decide_torchrun(
     suspended_by: tuple[str, str] | None,
 ) -> None:
     status = draft.status
-    attempt = status.restarts
+    attempt = status.current_attempt
     ours = [p for p in observed if p.owner_uid in (None, job.metadata.uid)]
     current = {p.index: p for p in ours if p.attempt == attempt}
     for name in expected:
@@ -86,16 +93,52 @@ def decide_torchrun(
     elif (worker0 := current.get(0)) is not None and worker0.phase == "Succeeded":
         message = f"{worker0.name} completed"
         finish(draft, job, Pods(ours), "Succeeded", Reason.WORKER_SUCCEEDED, message)
-    elif failures := _failures(job, current):
-        fail_or_restart(draft, job, failures, Pods(observed))
     else:
-        nodes = job.spec.nodes
-        running = sum(p.phase in ("Running", "Succeeded") for p in current.values())
-        up = f"All {nodes} workers are running" if running == nodes else None
-        if up is not None and (stalled := progress_stalled(draft, job, current)) is not None:
-            fail_or_restart(draft, job, [_hung(job, stalled)], Pods(observed))
+        _under_way(draft, job, current, ours, observed)
+
+
+def _under_way(
+    draft: Draft,
+    job: DDPTrainingJob,
+    current: dict[int, PodView],
+    ours: list[PodView],
+    observed: list[PodView],
+) -> None:
+    """A group created and not finished: count restarts in place, go on with replacements,
+    then a new failure restarts the group or fails the job, or replaces a pod while the others
+    go on; then progress."""
+    if fold_rank_restart(draft, job, current, Pods(ours)):
+        return
+    go_on_replacing(draft, current)
+    replacing = set(draft.status.replacing)
+    if failures := [f for f in _failures(job, current) if f.index not in replacing]:
+        if not replaceable(job, failures, current):
+            fail_or_restart(draft, job, failures, Pods(observed))
             return
-        progress(draft, job, current, running=running, up=up, reason=Reason.WORKERS_RUNNING)
+        replace(draft, job, failures, current, Pods(ours))
+        if draft.status.phase in FINISHED:
+            return
+    nodes = job.spec.nodes
+    running = sum(p.phase in ("Running", "Succeeded") for p in current.values())
+    worker0 = current.get(0)
+    enough = nodes if job.spec.elastic is None else job.spec.elastic.min_nodes
+    up = None
+    if running == nodes:
+        up = f"All {nodes} workers are running"
+    elif running >= enough and worker0 is not None and worker0.phase == "Running":
+        up = f"{running} of {nodes} workers are running (elastic: at least {enough})"
+    if up is not None and (stalled := progress_stalled(draft, job, current)) is not None:
+        fail_or_restart(draft, job, [_hung(job, stalled)], Pods(observed))
+        return
+    progress(
+        draft,
+        job,
+        current,
+        running=running,
+        up=up,
+        reason=Reason.WORKERS_RUNNING,
+        restarting=restarting_in_place(draft),
+    )
 
 
 def _hung(job: DDPTrainingJob, message: str) -> WorkerFailure:
@@ -118,6 +161,8 @@ def _index_of(job: DDPTrainingJob, pod_name: str) -> int | None:
 def _create(draft: Draft, job: DDPTrainingJob, attempt: int, indices: list[int]) -> None:
     """Create the group for this attempt (first start, after a restart, or on resume)."""
     draft.actions.append(CreateWorkers(attempt=attempt, indices=tuple(indices)))
+    if 0 in indices:  # a new group: its agents count their restarts in place from 0
+        draft.update(in_place_restarts=0, replacing=[])
     workers = draft.status.workers or WorkerCounts()
     draft.update(workers=workers.model_copy(update={"pending": workers.pending + len(indices)}))
     if draft.status.start_time is None:

@@ -1,0 +1,147 @@
+"""Restarts in place (`runPolicy.restartStrategy: InPlace`, docs/design.md "Failure rules"): the
+pods' agents restart their ranks and say so in `status.rankRestart`, which is counted here; a
+lost worker other than worker 0 is the only pod replaced, under the same attempt."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from kube_ddp.api import DDPTrainingJob, Failure
+from kube_ddp.reasons import PodReason, Reason
+from kube_ddp.status.draft import CreateWorkers, Draft, Event
+from kube_ddp.status.failures import WorkerFailure, failure_of, is_retryable
+from kube_ddp.status.lifecycle import Group, finish, record_preemption
+from kube_ddp.status.views import PodView
+
+
+def fold_rank_restart(
+    draft: Draft, job: DDPTrainingJob, workers: Mapping[int, PodView], group: Group
+) -> bool:
+    """Count the restarts in place the agents of this group reported and that are not counted
+    yet (each once: `inPlaceRestarts` holds the agents' count already in `restarts`); True when
+    they passed backoffLimit and the job failed. A report older than worker 0's pod belongs to
+    an earlier group of the same attempt (one stopped for a preemption)."""
+    status, report = draft.status, draft.status.rank_restart
+    worker0 = workers.get(0)
+    if report is None or report.count is None or report.attempt != status.current_attempt:
+        return False
+    if worker0 is None or worker0.created_at is None or report.time is None:
+        return False
+    if report.time < datetime.fromisoformat(worker0.created_at):
+        return False
+    new = report.count - status.in_place_restarts
+    if new <= 0:
+        return False
+    restarts, limit = status.restarts + new, job.spec.run_policy.backoff_limit
+    said = f"rank {report.rank} (pod {report.pod}) exited with code {report.exit_code}"
+    if report.message:
+        said += f" ({report.message})"
+    failure = Failure(
+        pod=report.pod,
+        exit_code=report.exit_code,
+        reason=Reason.RESTARTED_IN_PLACE,
+        message=report.message or "",
+    )
+    draft.update(restarts=restarts, in_place_restarts=report.count, failure=failure)
+    if restarts > limit:
+        message = f"{said}; restarted in place, and backoffLimit {limit} is reached"
+        finish(draft, job, group, "Failed", Reason.BACKOFF_LIMIT_EXCEEDED, message)
+        return True
+    message = (
+        f"{said}; its agent restarted the ranks in place, every pod kept "
+        f"(restart {restarts} of at most {limit})"
+    )
+    draft.events.append(Event("Warning", Reason.RESTARTED_IN_PLACE, message))
+    draft.condition("Restarting", "True", Reason.RESTARTED_IN_PLACE, message)
+    return False
+
+
+def restarting_in_place(draft: Draft) -> bool:
+    """Ranks restarted in place have not reported progress since (their first report ends the
+    restart): the Restarting condition stays. A job whose program never reports has none."""
+    status = draft.status
+    training, report = status.training, status.rank_restart
+    if status.in_place_restarts == 0 or report is None or report.time is None:
+        return False
+    if training is None or training.updated_at is None:
+        return False
+    return training.updated_at < report.time
+
+
+def replaceable(
+    job: DDPTrainingJob, failures: list[WorkerFailure], workers: Mapping[int, PodView]
+) -> bool:
+    """Whether the failed workers are replaced alone: the job restarts in place, worker 0 (whose
+    agent holds the rendezvous) still runs and not on a node taken for lost (its own eviction
+    is on the way), and every failure is another worker's loss, a retryable end of its agent,
+    or a preemption (it saved on SIGTERM)."""
+    worker0 = workers.get(0)
+    if not job.spec.restarts_in_place or worker0 is None or not worker0.active:
+        return False
+    lost = [workers.get(f.index) for f in failures if f.reason == PodReason.NODE_LOST]
+    lost_nodes = {pod.node for pod in lost if pod is not None}
+    if worker0.node is not None and worker0.node in lost_nodes:
+        return False
+    return all(
+        f.index > 0 and not f.hung and (f.preempted or is_retryable(job, f)) for f in failures
+    )
+
+
+def replace(
+    draft: Draft,
+    job: DDPTrainingJob,
+    failures: list[WorkerFailure],
+    workers: Mapping[int, PodView],
+    group: Group,
+) -> None:
+    """Replace each failed worker alone, under the same name and attempt, while its peers wait
+    in the rendezvous: a preemption where it saved on SIGTERM, else a restart (`WorkerReplaced`),
+    or Failed once backoffLimit is reached."""
+    limit = job.spec.run_policy.backoff_limit
+    counted = [f for f in failures if not f.preempted]
+    if counted and draft.status.restarts + len(counted) > limit:
+        first = counted[0]
+        message = f"{first.describe()}; backoffLimit {limit} reached"
+        draft.update(failure=failure_of(first))
+        finish(draft, job, group, "Failed", Reason.BACKOFF_LIMIT_EXCEEDED, message)
+        return
+    for failure in failures:
+        if failure.preempted:
+            detail = f": {failure.message}" if failure.message else ""
+            record_preemption(draft, failure.reason, f"{failure.pod}{detail}")
+            message = (
+                f"{failure.describe()}; preempted ({failure.reason}), replacing that pod alone "
+                f"(preemption {draft.status.preemptions}, not counted as a restart)"
+            )
+            draft.events.append(Event("Normal", Reason.PREEMPTED, message))
+            continue
+        restarts = draft.status.restarts + 1
+        message = (
+            f"{failure.describe()}; replacing that pod alone, its peers wait for it "
+            f"(restart {restarts} of at most {limit})"
+        )
+        draft.update(restarts=restarts, failure=failure_of(failure))
+        draft.events.append(Event("Warning", Reason.WORKER_REPLACED, message))
+        draft.condition("Restarting", "True", Reason.WORKER_REPLACED, message)
+    draft.update(replacing=sorted({*draft.status.replacing, *(f.index for f in failures)}))
+    go_on_replacing(draft, workers)
+
+
+def go_on_replacing(draft: Draft, workers: Mapping[int, PodView]) -> None:
+    """The next step of each replacement under way: delete the lost pod, create its successor
+    once the name is free, and forget the replacement once the successor is there."""
+    left, missing, doomed = [], [], []
+    for index in draft.status.replacing:
+        pod = workers.get(index)
+        if pod is None:
+            missing.append(index)
+            left.append(index)
+        elif not pod.active and pod.phase != "Succeeded":  # the lost one, going or to go
+            doomed.append(pod)
+            left.append(index)
+    draft.delete(doomed)
+    if missing:
+        attempt = draft.status.current_attempt
+        draft.actions.append(CreateWorkers(attempt=attempt, indices=tuple(missing)))
+    draft.update(replacing=left)
