@@ -147,17 +147,20 @@ class DevPlatform(Platform):
                 core.delete_persistent_volume(volume)
 
     def kill(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
-        container_id = pod.status.container_statuses[0].container_id.split("://")[-1]
-        sys.path.insert(0, str(REPO / "hack"))
-        from devcluster import node
+        os.kill(container_pid(pod), sig)
 
-        listed = subprocess.run(
-            [*node.ctr(), "tasks", "list"], capture_output=True, text=True, check=True
-        ).stdout
-        pid = next(
-            int(row.split()[1]) for row in listed.splitlines() if row.startswith(container_id)
-        )
-        os.kill(pid, sig)
+
+def container_pid(pod: Any) -> int:
+    """The host's process id of the pod's first container's main process (dev cluster: the
+    real node is this machine)."""
+    container_id = pod.status.container_statuses[0].container_id.split("://")[-1]
+    sys.path.insert(0, str(REPO / "hack"))
+    from devcluster import node
+
+    listed = subprocess.run(
+        [*node.ctr(), "tasks", "list"], capture_output=True, text=True, check=True
+    ).stdout
+    return next(int(row.split()[1]) for row in listed.splitlines() if row.startswith(container_id))
 
 
 @dataclass
