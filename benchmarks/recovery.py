@@ -657,7 +657,7 @@ def render(results: dict[str, Any]) -> str:
         for key, contender in CONTESTANTS.items():
             cell = cells.get((fault, key))
             if cell is None:
-                rows.append(f"| {fault_title} | {contender.title} | not measured yet | | | | |")
+                rows.append(f"| {fault_title} | {contender.title} | not in this run | | | | 0 |")
                 continue
             failed = cell.failed()
             back = _spread(cell.values("back_s"))
@@ -709,6 +709,26 @@ def render(results: dict[str, Any]) -> str:
             *rows,
             "",
             f"![recovery]({PLOT.name})",
+            "",
+            "Goal: a rank crash back to training in at most 10 s, a lost pod in at most 15 s, "
+            "and no slower than any peer on any fault.",
+            "",
+            "How the contenders run. kube-ddp: `kube-ddp operator --namespace=NS` out of the "
+            "cluster, the job's `runPolicy.restartStrategy` set, `backoffLimit` "
+            f"{BACKOFF}. Training Operator v1.9.4 (hack/devcluster/peers.py), "
+            "`--enable-scheme=pytorchjob`: Master 1 + Worker 1, the replicas' `restartPolicy` "
+            "set (OnFailure: the kubelet restarts the container in its pod; ExitCode: the "
+            "operator recreates the pod when the exit code is 128 or more, fails the job on "
+            '1 to 127), `nprocPerNode: "1"`. Its pods run the trainer itself (`python -m '
+            "ddp_trainer` with kube-ddp's trainer flags, from the MASTER_ADDR, MASTER_PORT, "
+            "RANK and WORLD_SIZE it sets), as kube-ddp's one-process pods do; its elastic job "
+            f"is Worker {ELASTIC[1]} with `elasticPolicy` (c10d, min {ELASTIC[0]}, max "
+            f"{ELASTIC[1]}) and `python -m torch.distributed.run`, which reads its PET_* "
+            "variables. Its Worker pods' init container (an nslookup loop on alpine:3.10, "
+            "which no registry serves here) is replaced through "
+            "`--pytorch-init-container-template-file` by the same wait in Python on the "
+            "workers' image. The victim's rank is the trainer process below the container's "
+            "main process (the launcher, where there is one), SIGKILLed from the node.",
         ]
     )
 
