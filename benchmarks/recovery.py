@@ -662,8 +662,8 @@ def render(results: dict[str, Any]) -> str:
             failed = cell.failed()
             back = _spread(cell.values("back_s"))
             if failed:
-                errors = {o["error"] for o in cell.outcomes if o["error"]}
-                back += f"; {failed} of {len(cell.outcomes)} not back: {'; '.join(sorted(errors))}"
+                first = next(o["error"] for o in cell.outcomes if o["back_s"] is None)
+                back += f"; {failed} of {len(cell.outcomes)} not back (first: {first})"
             rows.append(
                 f"| {fault_title} | {contender.title} | {back} "
                 f"| {_spread(cell.values('restart_s'))} | {_spread(cell.values('redone'), 0)} "
@@ -750,13 +750,15 @@ def plot(results: dict[str, Any]) -> None:
         for position, fault in enumerate(FAULTS):
             cell = cells.get((fault, key))
             values = cell.values("back_s") if cell else []
-            if not values:
+            if not values:  # not run, or never back (the table says which)
                 continue
             median = statistics.median(values)
             xs.append(position + (offset - (len(keys) - 1) / 2) * width)
             ys.append(median)
             low.append(median - min(values))
             high.append(max(values) - median)
+        if not xs:
+            continue
         axis.bar(xs, ys, width, yerr=[low, high], label=CONTESTANTS[key].title,
                  color=colors[key], capsize=3)  # fmt: skip
     axis.set_xticks(range(len(FAULTS)), [FAULTS[f] for f in FAULTS], fontsize=8)

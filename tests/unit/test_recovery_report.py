@@ -29,6 +29,6 @@ def test_the_report_gives_medians_and_says_the_runs_not_back() -> None:
     rows = {tuple(line[2:].split(" | ")[:2]): line for line in cells if line.startswith("| ")}
     crash = FAULTS["crash"]
     assert "| 14.0 (12.0-20.0) |" in rows[crash, CONTESTANTS["recreate"].title]
-    assert "1 of 1 not back: the job Failed" in rows[crash, CONTESTANTS["exitcode"].title]
+    assert "1 of 1 not back (first: the job Failed" in rows[crash, CONTESTANTS["exitcode"].title]
     assert "not in this run" in rows[crash, CONTESTANTS["inplace"].title]
     assert sum(FAULTS[f] in text for f in FAULTS) == len(FAULTS)
