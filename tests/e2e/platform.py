@@ -152,26 +152,27 @@ class DevPlatform(Platform):
                 core.delete_persistent_volume(volume)
 
     def kill(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
-        os.kill(self._main_pid(pod), sig)
+        os.kill(container_pid(pod), sig)
 
     def kill_rank(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
-        agent = self._main_pid(pod)
+        agent = container_pid(pod)
         ranks = Path(f"/proc/{agent}/task/{agent}/children").read_text().split()
         assert ranks, f"{pod.metadata.name}: its agent (pid {agent}) runs no rank"
         for rank in ranks:
             os.kill(int(rank), sig)
 
-    def _main_pid(self, pod: Any) -> int:
-        container_id = pod.status.container_statuses[0].container_id.split("://")[-1]
-        sys.path.insert(0, str(REPO / "hack"))
-        from devcluster import node
 
-        listed = subprocess.run(
-            [*node.ctr(), "tasks", "list"], capture_output=True, text=True, check=True
-        ).stdout
-        return next(
-            int(row.split()[1]) for row in listed.splitlines() if row.startswith(container_id)
-        )
+def container_pid(pod: Any) -> int:
+    """The host's process id of the pod's first container's main process (dev cluster: the
+    real node is this machine)."""
+    container_id = pod.status.container_statuses[0].container_id.split("://")[-1]
+    sys.path.insert(0, str(REPO / "hack"))
+    from devcluster import node
+
+    listed = subprocess.run(
+        [*node.ctr(), "tasks", "list"], capture_output=True, text=True, check=True
+    ).stdout
+    return next(int(row.split()[1]) for row in listed.splitlines() if row.startswith(container_id))
 
 
 @dataclass
