@@ -9,6 +9,7 @@ both tiers check it).
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -157,6 +158,32 @@ class Accelerator(Model):
     @property
     def resource(self) -> str | None:
         return ACCELERATOR_RESOURCES.get(self.type)
+
+
+# Programs that start the ranks themselves: a command starting with one is run as written.
+LAUNCHERS = frozenset({"torchrun", "mpirun", "mpiexec", "horovodrun", "deepspeed", "accelerate"})
+LAUNCHER_MODULES = frozenset(
+    {"torch.distributed.run", "torch.distributed.launch", contract.TORCHRUN_MODULE}
+)
+SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
+
+
+def starts_a_launcher(command: list[str]) -> bool:
+    """Whether `command` starts its own ranks: torchrun, mpirun (or another launcher), `python
+    -m torch.distributed.run`, or a shell script (`sh -c ...`) that names one of them."""
+    program = command[0].rsplit("/", 1)[-1]
+    if program in LAUNCHERS:
+        return True
+    if program.startswith("python"):
+        return any(
+            flag == "-m" and module in LAUNCHER_MODULES
+            for flag, module in itertools.pairwise(command)
+        )
+    if program in SHELLS and "-c" in command:
+        script = " ".join(command[command.index("-c") + 1 :])
+        words = set(script.replace(";", " ").replace("&", " ").replace("|", " ").split())
+        return bool(words & (LAUNCHERS | LAUNCHER_MODULES))
+    return False
 
 
 class ElasticPolicy(Model):
@@ -875,12 +902,14 @@ class DDPTrainingJobSpec(Model):
     @property
     def restarts_in_place(self) -> bool:
         """Whether a retryable failure restarts the ranks in their pods and replaces only a lost
-        pod (docs/design.md, "Failure rules"): restartStrategy InPlace, torchrun's launcher, and
-        an image with the agent that does it."""
+        pod (docs/design.md, "Failure rules"): restartStrategy InPlace, torchrun's launcher, an
+        image with the agent that does it, and no command that starts a launcher of its own
+        (kube-ddp's agent is not in front of it)."""
         return (
             self.run_policy.restart_strategy == "InPlace"
             and self.launcher == "torchrun"
             and self.holds_the_trainer
+            and not (self.command and starts_a_launcher(list(self.command)))
         )
 
     @property

@@ -6,7 +6,6 @@ exactly what `build_children` returns.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import shlex
@@ -18,7 +17,13 @@ from typing import Any, Final
 from ddp_trainer import contract
 from ddp_trainer.options import TrainerOptions, to_argv
 from kube_ddp import gang, kueue, names
-from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, MPIOptions, Obj
+from kube_ddp.api import (
+    DDPTrainingJob,
+    DDPTrainingJobSpec,
+    MPIOptions,
+    Obj,
+    starts_a_launcher,
+)
 
 SHM_VOLUME = "dshm"
 # Intel Gaudi needs host IPC, huge pages and SYS_NICE (Habana's own job examples).
@@ -249,32 +254,6 @@ def torchrun_command(job: DDPTrainingJob, index: int) -> list[str]:
     if _runs_one_process_directly(job.spec):
         return list(contract.TRAINER_COMMAND)
     return [*_torchrun(job, index), "-m", contract.TRAINER_MODULE]
-
-
-# Programs that start the ranks themselves: a command starting with one is run as written.
-LAUNCHERS = frozenset({"torchrun", "mpirun", "mpiexec", "horovodrun", "deepspeed", "accelerate"})
-LAUNCHER_MODULES = frozenset(
-    {"torch.distributed.run", "torch.distributed.launch", contract.TORCHRUN_MODULE}
-)
-SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
-
-
-def starts_a_launcher(command: list[str]) -> bool:
-    """Whether `command` starts its own ranks: torchrun, mpirun (or another launcher), `python
-    -m torch.distributed.run`, or a shell script (`sh -c ...`) that names one of them."""
-    program = command[0].rsplit("/", 1)[-1]
-    if program in LAUNCHERS:
-        return True
-    if program.startswith("python"):
-        return any(
-            flag == "-m" and module in LAUNCHER_MODULES
-            for flag, module in itertools.pairwise(command)
-        )
-    if program in SHELLS and "-c" in command:
-        script = " ".join(command[command.index("-c") + 1 :])
-        words = set(script.replace(";", " ").replace("&", " ").replace("|", " ").split())
-        return bool(words & (LAUNCHERS | LAUNCHER_MODULES))
-    return False
 
 
 def user_command(job: DDPTrainingJob, index: int) -> list[str]:

@@ -989,3 +989,7 @@ def test_only_jobs_whose_image_holds_the_agent_restart_in_place() -> None:
     own_image = make_job(nodes=2, image="me/train:2", command=["python", "train.py"])
     assert not own_image.spec.restarts_in_place
     assert container_of(build_worker_pod(own_image, 1, 0, SETTINGS))["command"][0] == "python"
+    # A command that starts its own launcher runs as written: no agent of ours is in front of it.
+    own_launcher = make_job(nodes=2, command=["torchrun", "--nnodes=2", "train.py"])
+    assert not own_launcher.spec.restarts_in_place
+    assert container_of(build_worker_pod(own_launcher, 1, 0, SETTINGS))["command"][0] == "torchrun"
