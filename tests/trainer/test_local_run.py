@@ -63,7 +63,14 @@ def summary_value(stderr: str, key: str) -> str:
 
 
 def test_two_workers_of_one_process_train_to_succeeded(tmp_path: Path) -> None:
-    done = run_job(tmp_path, {"nodes": 2, "trainer": {**DIGITS, "epochs": 2}})
+    done = run_job(
+        tmp_path,
+        {
+            "nodes": 2,
+            "trainer": {**DIGITS, "epochs": 2},
+            "runPolicy": {"restartStrategy": "Recreate"},
+        },
+    )
     assert done.returncode == 0, done.stderr
     assert placements(done.stdout) == {
         "rank=0 world_size=2 local_rank=0 local_world_size=1 node_rank=0",
@@ -98,7 +105,13 @@ def test_a_killed_worker_restarts_the_group_which_resumes_from_its_checkpoint(
         {"name": "DDP_TRAINER_CRASH_MARKER", "value": str(tmp_path / "crashed")},
     ]
     trainer = {**DIGITS, "epochs": 3, "checkpointDir": str(tmp_path / "checkpoints")}
-    done = run_job(tmp_path, {"nodes": 2, "trainer": trainer, "env": crash})
+    job = {
+        "nodes": 2,
+        "trainer": trainer,
+        "env": crash,
+        "runPolicy": {"restartStrategy": "Recreate"},
+    }
+    done = run_job(tmp_path, job)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "crashed").exists()
     assert (
@@ -121,7 +134,14 @@ def test_under_torchrun_a_killed_rank_restarts_the_group_a_missing_dataset_fails
         {"name": "DDP_TRAINER_CRASH_MARKER", "value": str(tmp_path / "crashed")},
     ]
     trainer = {**DIGITS, "epochs": 2, "checkpointDir": str(tmp_path / "checkpoints")}
-    done = run_job(tmp_path, {"nodes": 1, "nprocPerNode": 2, "trainer": trainer, "env": crash})
+    job = {
+        "nodes": 1,
+        "nprocPerNode": 2,
+        "trainer": trainer,
+        "env": crash,
+        "runPolicy": {"restartStrategy": "Recreate"},
+    }
+    done = run_job(tmp_path, job)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (
         "Warning WorkerFailed: digits-worker-0 exited with code 137 (Error); restarting the group"
