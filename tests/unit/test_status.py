@@ -511,6 +511,15 @@ NODE_LOSSES = [
         failure=("NodeLost", LOST_MESSAGE),
     ),
     NodeLossCase(
+        "worker 0 gone unseen, worker 1 evicted from the lost node: the node is named",
+        running(),
+        (on_lost_node(1, "2026-11-22T12:00:20Z", **TAINT_EVICTION),),
+        "Restarting",
+        (),
+        requeue_after=50,
+        failure=("NodeLost", LOST_MESSAGE),
+    ),
+    NodeLossCase(
         "phase Unknown: a restart naming the node",
         running(),
         (pod(0), pod(1, "Unknown", node="cpu-3", unready_since=UNREADY)),

@@ -50,6 +50,7 @@ class WorkerFailure:
     finished_at: str | None = None  # None: not known (vanished, still going away)
     launcher: bool = False  # launcher mpi: mpirun's pod, not a worker
     hung: bool = False  # runs, but made no progress for progressDeadlineSeconds
+    vanished: bool = False  # gone before it was seen failing: nothing known but its absence
 
     @property
     def lost_or_killed(self) -> bool:
@@ -72,16 +73,19 @@ class WorkerFailure:
         return self.exit_code == names.EXIT_PREEMPTED
 
     @property
-    def cause_first(self) -> tuple[bool, str, bool, bool, bool, int]:
+    def cause_first(self) -> tuple[bool, str, bool, bool, bool, bool, int]:
         """The sort key that puts the failure that caused the others first: the earliest, one
-        without a finish time after all timed ones. Finish times have a resolution of one
-        second; within the same second, a rank killed or lost comes first (its peers' errors,
-        their collectives broken, follow from it), a rank that saw its peer go last, and a
-        worker before mpirun, which only reports what happened to a rank."""
+        without a finish time after all timed ones, and a vanished pod after one seen failing
+        (a peer evicted from a lost node names the node the vanished one was on too). Finish
+        times have a resolution of one second; within the same second, a rank killed or lost
+        comes first (its peers' errors, their collectives broken, follow from it), a rank that
+        saw its peer go last, and a worker before mpirun, which only reports what happened to
+        a rank."""
         timed = self.finished_at is not None
         return (
             not timed,
             self.finished_at or "",
+            self.vanished,
             not self.lost_or_killed,
             self.peer_lost,
             self.launcher,

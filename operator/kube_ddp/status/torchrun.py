@@ -188,6 +188,7 @@ def _failures(job: DDPTrainingJob, current: Mapping[int, PodView]) -> list[Worke
                 index=index,
                 reason=PodReason.DELETED,
                 message="the pod was deleted",
+                vanished=True,
             )
             failures.append(vanished)
         elif failure := pod_failure(pod):
