@@ -54,6 +54,14 @@ MASTER = "bar-worker-0.bar.ns1.svc"
 GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
 GAUDI_2X8 = {"nodes": 2, "accelerator": {"type": "gaudi", "perNode": 8}}
 ELASTIC = {"nodes": 2, "elastic": {"minNodes": 1, "maxNodes": 4}, "nprocPerNode": 2}
+# worker 1's contract env under ELASTIC: the range, its rank, the most ranks
+ELASTIC_WORKER_1_ENV = {
+    "NNODES": "1:4",
+    "NODE_RANK": "1",
+    "NPROC_PER_NODE": "2",
+    "WORLD_SIZE": "4",
+    "DDP_BACKEND": "gloo",
+}
 # The group path: every pod recreated on a restart (restarts in place are the default)
 RECREATE = {"runPolicy": {"restartStrategy": "Recreate"}}
 # An NCCL job's watchdog: a hang or a lost peer ends the process in bounded time, with a trace.
@@ -153,13 +161,7 @@ CONTRACT = [
         id="elastic 1:4 x 2",
         spec={**ELASTIC, **RECREATE},
         index=1,
-        env={
-            "NNODES": "1:4",
-            "NODE_RANK": "1",
-            "NPROC_PER_NODE": "2",
-            "WORLD_SIZE": "4",
-            "DDP_BACKEND": "gloo",
-        },
+        env=ELASTIC_WORKER_1_ENV,
         command=[
             *TORCHRUN,
             "--nnodes=1:4",
@@ -221,11 +223,7 @@ CONTRACT = [
         spec=ELASTIC,
         index=1,
         env={
-            "NNODES": "1:4",
-            "NODE_RANK": "1",
-            "NPROC_PER_NODE": "2",
-            "WORLD_SIZE": "4",
-            "DDP_BACKEND": "gloo",
+            **ELASTIC_WORKER_1_ENV,
             **IN_PLACE_ENV,
         },
         command=[
