@@ -51,10 +51,23 @@ def kueue_running(cluster: Cluster, mpi_operator: None) -> Iterator[None]:
         yield
 
 
+CLUSTER_QUEUE = "accelerators"  # the example's ClusterQueue, behind LOCAL_QUEUE
+
+
 @pytest.fixture
 def queued(kueue_running: None, cluster: Cluster, namespace: str) -> str:
-    """The example's LocalQueue in the test's namespace."""
+    """The example's LocalQueue in the test's namespace, once the quota is all free: a job an
+    earlier test left running keeps its quota until its namespace is gone, and these tests
+    count on the whole of it."""
     cluster.kubectl("apply", f"--filename={QUEUES}", f"--namespace={namespace}")
+
+    def quota_free() -> bool:
+        queue = cluster.custom_objects.get_cluster_custom_object(
+            kueue.GROUP, kueue.VERSION, "clusterqueues", CLUSTER_QUEUE
+        )
+        return not (queue.get("status") or {}).get("reservingWorkloads")
+
+    wait_for(quota_free, f"ClusterQueue {CLUSTER_QUEUE} to reserve no quota", timeout=180)
     return LOCAL_QUEUE
 
 
