@@ -258,7 +258,10 @@ class Controller:
         words = self.last_words.pop(key, {})
         if status.phase in UNDER_WAY:
             seen = {p.name for p in pods}
-            pods += [pod for pod in words.values() if pod.name not in seen]
+            said = [pod for pod in words.values() if pod.name not in seen]
+            pods += said
+            if said:  # they stand for pods gone: the next look, at once, sees the names free
+                self.queue.add(key)
         expected = self.expectations.pending(key, asyncio.get_running_loop().time())
         body, job, queued = await self._apply_kueue(key, body, job, pods)
         if queued.refused is not None:

@@ -289,6 +289,26 @@ def test_a_worker_deleted_right_after_it_saved_is_a_preemption_not_a_vanished_on
     assert status["replacing"] == [1]
 
 
+def test_after_last_words_the_job_is_looked_at_again_and_the_worker_replaced() -> None:
+    """The last words stand for a pod already gone, once: the reconcile that used them queues
+    another at once, which finds the name free and creates the successor (no event would
+    come: worker 0 runs on unchanged)."""
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        queued: list[float] = []
+        controller.queue.add = lambda key, after=0.0: queued.append(after)  # type: ignore[method-assign]
+        start(fake, controller, job_body(RUNNING), [pod(0)])
+        controller.pod_deleted(KEY, pod(1, "Failed", **SAVED))
+        await controller.reconcile(KEY)
+        assert queued == [0.0]
+        assert fake.made("POST", PODS) == []
+        await controller.reconcile(KEY)  # what the queue runs next
+
+    fake = run(scenario)
+    [created] = fake.made("POST", PODS)
+    assert created.body["metadata"]["name"] == "bar-worker-1"
+
+
 def test_a_stopped_group_does_not_wait_for_the_last_words_of_its_pods() -> None:
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         preempting = {
