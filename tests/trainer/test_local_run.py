@@ -3,11 +3,14 @@ the env contract, training with gloo on the bundled digits, reporting progress t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +261,72 @@ def test_ctrl_c_saves_a_checkpoint_and_the_next_run_resumes_from_it(tmp_path: Pa
 
     resumed, _, _ = interrupted_once("resuming at step")
     assert f"resuming at step {step} " in resumed, resumed
+
+
+def test_an_elastic_job_loses_a_worker_and_trains_on_to_the_end(tmp_path: Path) -> None:
+    """3 workers, `elastic: {minNodes: 2, maxNodes: 3}`: worker 2's pod (its agent and rank)
+    is SIGKILLed mid-run. Worker 2 alone is created again, the group re-forms (at 2, or at 3
+    when the replacement is there within the last call, as it is here at once) and trains on
+    from where it was (no epoch trained twice, the loss still falling), and the job succeeds
+    with that one restart."""
+    steps = tmp_path / "steps"
+    trainer = {**DIGITS, "epochs": 8, "checkpointDir": str(tmp_path / "checkpoints")}
+    trainer["checkpointEverySteps"] = 5
+    document = {
+        "apiVersion": "kubeddp.io/v1alpha1",
+        "kind": "DDPTrainingJob",
+        "metadata": {"name": "digits"},
+        "spec": {
+            "nodes": 3,
+            "elastic": {"minNodes": 2, "maxNodes": 3},
+            "trainer": trainer,
+            "env": [{"name": "DDP_TRAINER_BATCH_LOG", "value": str(steps)}],
+        },
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(document))
+    runner = subprocess.Popen(
+        [KUBE_DDP, "run", "--local", str(path)],
+        env=support.clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        trained = Path(f"{steps}.rank0")
+        deadline = time.monotonic() + support.RUN_TIMEOUT_S
+        while len(trained.read_text().splitlines() if trained.exists() else []) < 20:
+            assert runner.poll() is None and time.monotonic() < deadline, "never trained"
+            time.sleep(0.1)
+        for pid in _pod_processes("digits-worker-2"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        stdout, stderr = runner.communicate(timeout=support.RUN_TIMEOUT_S)
+    finally:
+        runner.kill()
+    assert runner.returncode == 0, stderr[-3000:]
+    assert "Warning WorkerReplaced: digits-worker-2 " in stderr, stderr[-3000:]
+    epochs = epochs_of_rank_0(stdout)
+    assert [epoch["epoch"] for epoch in epochs] == list(range(1, 9))  # none trained twice
+    assert epochs[-1]["val_loss"] < epochs[0]["val_loss"]
+    assert summary_value(stderr, "restarts") == "1"
+    assert summary_value(stderr, "phase") == "Succeeded"
+
+
+def _pod_processes(pod: str) -> list[int]:
+    """The local pod `pod`'s processes: its agent (KUBEDDP_POD_NAME in its environment) and
+    every process below it."""
+    agents = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if f"KUBEDDP_POD_NAME={pod}".encode() in environ.read_bytes().split(b"\0"):
+                agents.append(int(environ.parent.name))
+    found, unseen = [], [min(agents)] if agents else []
+    while unseen:
+        pid = unseen.pop()
+        found.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                unseen.extend(int(child) for child in task.read_text().split())
+    assert found, f"no process of {pod}"
+    return found
