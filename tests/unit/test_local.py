@@ -4,6 +4,7 @@ processes with the pod's env, the progress endpoint, and whole runs of small Pyt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -539,3 +540,42 @@ def test_a_killed_rank_restarts_in_place_and_is_counted(tmp_path: Path) -> None:
         ("bar-worker-1", "0", True),
     ]
     assert "restarts      1" in done.stderr
+
+
+def test_processes_a_worker_started_in_sessions_of_their_own_go_with_it(tmp_path: Path) -> None:
+    """As torchrun's ranks are: a worker starts a child in a session of its own that ignores
+    SIGTERM, and waits for it (an agent waiting for a hung rank). Ctrl-C: the worker is killed
+    at the end of the grace period, and its child with it, not left running."""
+    script = (
+        "import os, subprocess, sys; from pathlib import Path\n"
+        "hang = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "time.sleep(600)'\n"
+        "child = subprocess.Popen([sys.executable, '-c', hang], start_new_session=True)\n"
+        "out = Path(os.environ['OUT']) / ('child-' + os.environ['NODE_RANK'])\n"
+        "out.write_text(str(child.pid))\n"
+        "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); child.wait()\n"
+    )
+    job = write_job(tmp_path, python_workers(script, env=out_env(tmp_path)))
+    process = subprocess.Popen(
+        [*KUBE_DDP, "run", "--local", "--grace-period=1", str(job)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    children: list[int] = []
+    try:
+        files = [tmp_path / "child-0", tmp_path / "child-1"]
+        deadline = time.monotonic() + 30
+        while not all(f.exists() and f.read_text() for f in files):
+            assert time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.1)
+        children = [int(f.read_text()) for f in files]
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode == 130, stderr
+        assert [pid for pid in children if alive(pid)] == []
+    finally:
+        process.kill()
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

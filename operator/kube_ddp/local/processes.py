@@ -1,8 +1,10 @@
 """A worker pod as a local process, seen by the status core as the PodView a real pod gives.
 
 Each worker runs in its own session (process group), so stopping it reaches whatever it
-started (torchrun's workers, DataLoader processes), and a Ctrl-C at the terminal reaches only
-the runner, which then stops every group itself.
+started (DataLoader processes), and a Ctrl-C at the terminal reaches only the runner, which
+then stops every group itself. torchrun starts its ranks in sessions of their own: a worker's
+descendants, found when it is stopped, are killed with it (a container's end takes every
+process in it; here a hung rank would outlive its killed agent).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class LocalPod:
         self.finished_at: str | None = None  # the moment it ended, as a sortable timestamp
         self.stop_requested_at: float | None = None
         self._threads: list[threading.Thread] = []
+        self._descendants: dict[int, str] = {}  # pid: start time, seen while it was stopped
 
     @property
     def name(self) -> str:
@@ -122,11 +125,13 @@ class LocalPod:
         """Delete the pod: SIGTERM now to the whole group; kill_if_overdue() does the rest."""
         if self.stop_requested_at is None:
             self.stop_requested_at = time.monotonic()
+            self._note_descendants()
             self._signal(signal.SIGTERM)
 
     def kill_if_overdue(self, grace_s: float) -> None:
         stopping = self.stop_requested_at is not None and self.alive
         if stopping and time.monotonic() - (self.stop_requested_at or 0) >= grace_s:
+            self._note_descendants()
             self._signal(signal.SIGKILL)
 
     def reap(self, timeout_s: float = 5.0) -> None:
@@ -141,3 +146,39 @@ class LocalPod:
         # Its session's id is its pid; once the whole group is gone there is nothing to do.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._process.pid, signum)
+        if signum == signal.SIGKILL:
+            for pid, started in self._descendants.items():
+                if _start_time(pid) == started:  # still that process, not a reused pid
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signum)
+
+    def _note_descendants(self) -> None:
+        """Remember the processes below the worker while they are still its descendants
+        (orphaned, they could no longer be told apart)."""
+        if self._process is None:
+            return
+        unseen = _children(self._process.pid)
+        while unseen:
+            pid = unseen.pop()
+            started = _start_time(pid)
+            if started is not None and pid not in self._descendants:
+                self._descendants[pid] = started
+                unseen.extend(_children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+                found.extend(int(child) for child in f.read().split())
+    return found
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
