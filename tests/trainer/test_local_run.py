@@ -42,6 +42,17 @@ def run_job(tmp_path: Path, spec: dict[str, Any], *args: str) -> subprocess.Comp
     )
 
 
+def start_run(path: Path) -> subprocess.Popen[str]:
+    """`kube-ddp run --local` of the job file `path`, its output piped, left running."""
+    return subprocess.Popen(
+        [KUBE_DDP, "run", "--local", str(path)],
+        env=support.clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def epochs_of_rank_0(stdout: str) -> list[dict[str, Any]]:
     prefix = "[worker-0] {"
     return [
@@ -234,13 +245,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_next_run_resumes_from_it(tmp_path: Pa
 
     def interrupted_once(started_when: str) -> tuple[str, str, str]:
         """Run the job, Ctrl-C once a line of its output holds `started_when`."""
-        runner = subprocess.Popen(
-            [KUBE_DDP, "run", "--local", str(path)],
-            env=support.clean_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        runner = start_run(path)
         assert runner.stdout is not None
         seen = next((line for line in runner.stdout if started_when in line), "")
         runner.send_signal(signal.SIGINT)
@@ -285,13 +290,7 @@ def test_an_elastic_job_loses_a_worker_and_trains_on_to_the_end(tmp_path: Path) 
     }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(document))
-    runner = subprocess.Popen(
-        [KUBE_DDP, "run", "--local", str(path)],
-        env=support.clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    runner = start_run(path)
     try:
         trained = Path(f"{steps}.rank0")
         deadline = time.monotonic() + support.RUN_TIMEOUT_S
