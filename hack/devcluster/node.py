@@ -42,6 +42,10 @@ SOCKET = RUN_DIR / "containerd.sock"
 RECORD = NODE_DIR / "node.json"
 THIS_CLONE = str(REPO)
 BRIDGE, GATEWAY, POD_CIDR = "cni0", "10.88.0.1", "10.88.0.0/16"
+# A bridge whose address was never set takes the lowest of its ports' addresses: a pod
+# deleted can change it, and the other pods' frames to the gateway (DNS, the API server) go
+# to the old address, lost until their ARP entry expires (20 to 30 s). A set address stays.
+BRIDGE_MAC = "02:6b:64:64:70:01"  # locally administered
 # Another clone's test session holds the node this long at most (its e2e tier).
 OTHER_NODE_WAIT = 1800.0
 API_SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service: the first address of the range
@@ -163,7 +167,7 @@ def make_bridge(record: HostRecord) -> None:
     if Path(f"/sys/class/net/{BRIDGE}").exists():
         record.sysctls[route_localnet] = read_sysctl(route_localnet)
     else:
-        run("ip", "link", "add", BRIDGE, "type", "bridge")
+        run("ip", "link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge")
         record.bridge = BRIDGE
     run("ip", "addr", "replace", f"{GATEWAY}/16", "dev", BRIDGE)
     run("ip", "link", "set", BRIDGE, "up")

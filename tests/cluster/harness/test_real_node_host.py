@@ -96,6 +96,9 @@ def test_down_leaves_the_host_as_it_was(cluster: Cluster, namespace: str) -> Non
         )
         during = host_state()
         assert during["processes"] - before["processes"]  # the node really ran
+        # The bridge's own address, not its pod's port's: the pod going would change it.
+        bridge = Path("/sys/class/net", dev_cluster.node.BRIDGE, "address").read_text().strip()
+        assert bridge == dev_cluster.node.BRIDGE_MAC
         assert during["iptables"] - before["iptables"]
     finally:
         dev_cluster.node.down()
