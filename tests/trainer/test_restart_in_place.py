@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from ddp_trainer import agent
 from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED, RANK_RESTART_FIELD
 from kube_ddp.local.plan import free_port
 from tests.trainer import support
@@ -132,6 +134,45 @@ def test_a_rendezvous_that_times_out_exits_88(tmp_path: Path) -> None:
     run = support.run(command)
     assert run.returncode == EXIT_PEER_LOST, run.stderr[-3000:]
     assert run.stderr.rstrip().endswith(f"exiting {EXIT_PEER_LOST}")
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "poll_s"), [("2", 0.1), ("2:3", 0.1), ("10", 0.1), ("50", 0.5), ("1000", 1.0)]
+)
+def test_an_agent_looks_at_a_forming_round_more_often_the_smaller_its_group(
+    nnodes: str, poll_s: float
+) -> None:
+    assert agent.rendezvous_poll_s(nnodes) == poll_s
+
+
+# torch's own c10d rendezvous handler, built as torchrun builds it, after the agent's poll is
+# set: how long it serves a state it read, and the sleeps its wait between two looks asks for
+# (time.sleep recorded, not slept).
+POLL_PROBE = """\
+import sys, time
+from ddp_trainer import agent
+from torch.distributed.elastic.rendezvous import RendezvousParameters, dynamic_rendezvous
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+patched = agent.poll_rendezvous_every(float(sys.argv[2]))
+handler = get_rendezvous_handler(RendezvousParameters(
+    backend="c10d", endpoint=f"127.0.0.1:{sys.argv[1]}", run_id="probe", min_nodes=1,
+    max_nodes=2, is_host=True))
+slept = []
+time.sleep = slept.append
+dynamic_rendezvous._delay(seconds=1)
+dynamic_rendezvous._delay(seconds=(0.5, 0.5))
+print(patched, handler._state_holder._cache_duration, slept)
+"""
+
+
+def test_torchs_rendezvous_polls_as_often_as_the_agent_says() -> None:
+    """The wait between two looks at a forming round, and how long a state read is served,
+    are the agent's 0.1 s, not torch's second; other waits (a random back-off) are torch's."""
+    command = [sys.executable, "-c", POLL_PROBE, str(free_port()), "0.1"]
+    run = support.run(command)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split(maxsplit=2) == ["True", "0.1", "[0.1, 0.5]\n"]
 
 
 # --- whole trainer runs, one agent per pod ------------------------------------------------------

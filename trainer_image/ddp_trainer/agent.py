@@ -52,6 +52,15 @@ FAST_RENDEZVOUS: Mapping[str, str] = {
     "keep_alive_max_attempt": "3",
     "last_call_timeout": "2",
 }
+# An agent waiting for its peers in a rendezvous round looks at the round's state again after
+# a fixed second, and reads it from the store at most once a second (torch's `_delay(seconds=1)`
+# and the state holder's cache_duration in dynamic_rendezvous, both private): most of the
+# time a small group takes to re-form. `poll_rendezvous_every` shortens it to 0.1 s for a small
+# group and keeps a group's reads of the state, which grows with it, near torch's at 100
+# nodes: 100 a second in all (1 s from 100 nodes up).
+TORCH_RENDEZVOUS_POLL_S = 1.0
+FASTEST_RENDEZVOUS_POLL_S = 0.1
+GROUP_RENDEZVOUS_POLLS_PER_S = 100
 # The ranks of each rendezvous round get a store of their own (rank 0 hosts it on a free port
 # of its node), not the agents' rendezvous store: in that one, shared across rounds, ranks
 # restarted by agents that count their restarts differently read the dead group's addresses
@@ -82,6 +91,37 @@ def with_fast_rendezvous(rdzv_conf: str) -> str:
     given = {item.split("=", 1)[0].strip() for item in rdzv_conf.split(",") if item.strip()}
     added = [f"{key}={value}" for key, value in FAST_RENDEZVOUS.items() if key not in given]
     return ",".join(part for part in (rdzv_conf, *added) if part)
+
+
+def rendezvous_poll_s(nnodes: str) -> float:
+    """Seconds between an agent's looks at a forming round, for torchrun's --nnodes (`N` or
+    `MIN:MAX`): the group's largest size over GROUP_RENDEZVOUS_POLLS_PER_S, 0.1 s to 1 s."""
+    largest = int(nnodes.rsplit(":", maxsplit=1)[-1])
+    poll_s = max(FASTEST_RENDEZVOUS_POLL_S, largest / GROUP_RENDEZVOUS_POLLS_PER_S)
+    return min(TORCH_RENDEZVOUS_POLL_S, poll_s)
+
+
+def poll_rendezvous_every(poll_s: float) -> bool:
+    """Make an agent's looks at a forming round `poll_s` apart, not torch's second: both the
+    wait between two looks and how long a state read serves as the round's state. False
+    where this torch lacks either (its second then stays)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    delay = getattr(dynamic_rendezvous, "_delay", None)
+    holder = getattr(dynamic_rendezvous, "_BackendRendezvousStateHolder", None)
+    if delay is None or holder is None:
+        return False
+
+    def delay_polls_less(seconds: float | tuple[float, float]) -> None:
+        delay(seconds=poll_s if seconds == TORCH_RENDEZVOUS_POLL_S else seconds)
+
+    class StateHolder(holder):  # type: ignore[misc,valid-type]
+        def __init__(self, backend: Any, settings: Any, cache_duration: float = poll_s) -> None:
+            super().__init__(backend, settings, cache_duration)
+
+    setattr(dynamic_rendezvous, "_delay", delay_polls_less)  # noqa: B010 (private to torch)
+    setattr(dynamic_rendezvous, "_BackendRendezvousStateHolder", StateHolder)  # noqa: B010
+    return True
 
 
 def verdict(failures: Mapping[int, ProcessFailure], rules: Rules) -> tuple[str, int, int]:

@@ -84,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault(agent.OWN_WORKER_STORE_ENV, "1")
     args = parse_args(list(sys.argv[1:] if argv is None else argv))  # type: ignore[no-untyped-call]
     args.rdzv_conf = agent.with_fast_rendezvous(args.rdzv_conf or "")
+    agent.poll_rendezvous_every(agent.rendezvous_poll_s(args.nnodes))
     if not agent.install(agent.Rules.from_env(os.environ)) and args.max_restarts:
         print(f"{PROG}: this torch has no agent to hook: no restart in place", file=sys.stderr)
         args.max_restarts = 0
