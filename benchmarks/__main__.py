@@ -1,5 +1,5 @@
-"""python -m benchmarks [trainer|checkpoint|work-lost|operator|recovery|all] [--peers] [--repeats N]
-[--quick] [--no-write]"""
+"""python -m benchmarks [trainer|checkpoint|work-lost|operator|crd|recovery|all] [--peers]
+[--repeats N] [--quick] [--no-write]"""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ BENCHMARKS = {
     "checkpoint": "checkpoint_cost",
     "work-lost": "work_lost",
     "operator": "operator_bench",
+    "crd": "crd_cost",
     "recovery": "recovery",
 }
 

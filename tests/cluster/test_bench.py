@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import operator_measure, operator_report
+from benchmarks import crd_cost, operator_measure, operator_report
 from benchmarks.contenders import CONTENDERS
 from tests.cluster.support import Cluster, load_dev_cluster
 
@@ -36,3 +36,14 @@ def test_operator_benchmark_runs_with_the_peers(cluster: Cluster, tmp_path: Path
     for title in results["contenders"].values():
         assert title in text
     assert (tmp_path / "results.json").is_file()
+
+
+def test_the_crd_cost_benchmark_runs(cluster: Cluster) -> None:
+    """Every CRD variant is installed and takes the demo job, and the report has each."""
+    results = crd_cost.measure(1, crd_cost.QUICK_JOBS)
+    found = crd_cost.summary(results)
+    assert set(found) == set(crd_cost.VARIANTS)
+    assert all(row["batches"] == 1 and row["cpu_ms"] >= 0 for row in found.values())
+    text = crd_cost.render(results)
+    for title in crd_cost.VARIANTS.values():
+        assert title in text
