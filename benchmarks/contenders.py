@@ -6,6 +6,12 @@ job kind it runs, run as a process against the same local control plane.
 | kube-ddp | DDPTrainingJob, `nodes: N` | `<job>-worker-<i>` | worker 0 |
 | MPI Operator | MPIJob, N workers + a launcher | `<job>-worker-<i>` | the launcher |
 | Training Operator | PyTorchJob: Master 1, Worker N-1 | `<job>-master-0`, `-worker-<i>` | master |
+| floor | no job: the objects `kube-ddp render` gives for it | `<job>-worker-<i>` | - |
+
+The floor is no controller at all: the benchmark's client creates the objects kube-ddp's
+builders render for each job (Service, NetworkPolicy, ServiceAccount, Role, RoleBinding, the
+pods) itself, one after another, as fast as the API server takes them. It is the limit on this
+machine, and runs only the stages that need no controller (apply, burst).
 
 (The MPI launcher is the pod of a batch Job the MPI Operator creates.)
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import re
 import subprocess
 import sys
@@ -29,7 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kubernetes
+
 from kube_ddp import names
+from kube_ddp.builders import BuildSettings, build_children
+from kube_ddp.jobfile import load_job
 from tests.cluster.support import load_dev_cluster
 
 KUBE_DDP = Path(sys.executable).with_name("kube-ddp")
@@ -69,6 +80,10 @@ def _metric_sum(url: str, name: str, labels: str = "") -> float:
     return total
 
 
+# The stages of benchmarks.operator_measure a controller runs; the floor runs the first two.
+STAGES = ("apply", "completion", "burst", "scale")
+
+
 class Contender:
     key: str
     title: str
@@ -76,6 +91,13 @@ class Contender:
     version: str
     plural: str
     kind: str
+    stages: tuple[str, ...] = STAGES
+
+    def create(self, api: Any, namespace: str, name: str, workers: int) -> None:
+        """Job `name` of `workers` workers, as its controller's users create it."""
+        kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+            self.group, self.version, namespace, self.plural, self.manifest(name, workers)
+        )
 
     def manifest(self, name: str, workers: int) -> dict[str, Any]:
         raise NotImplementedError
@@ -236,6 +258,21 @@ class TrainingOperator(Contender):
             )
 
 
+class Floor(KubeDDP):
+    key, title = "floor", "floor (no controller)"
+    stages = ("apply", "burst")
+
+    def create(self, api: Any, namespace: str, name: str, workers: int) -> None:
+        """The children kube-ddp's operator would create for the job, in its builders' order."""
+        job = load_job(self.manifest(name, workers), namespace)
+        for child in build_children(job, attempt=0, settings=BuildSettings()):
+            kubernetes.utils.create_from_dict(api, child, namespace=namespace)
+
+    @contextmanager
+    def run(self, kubeconfig: str, namespace: str, scratch: Path) -> Iterator[Running]:
+        yield Running(os.getpid(), lambda: 0)  # no process of its own: the client's
+
+
 CONTENDERS: dict[str, Contender] = {
-    c.key: c for c in (KubeDDP(), MPIOperator(), TrainingOperator())
+    c.key: c for c in (KubeDDP(), MPIOperator(), TrainingOperator(), Floor())
 }

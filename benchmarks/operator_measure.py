@@ -22,7 +22,7 @@ from typing import Any
 
 import kubernetes
 
-from benchmarks.contenders import Contender, Running, devcluster_processes
+from benchmarks.contenders import STAGES, Contender, Running, devcluster_processes
 from tests.cluster.support import load_dev_cluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -262,13 +262,7 @@ class Bench:
                 yield namespace, running
 
     def create(self, contender: Contender, namespace: str, name: str, workers: int) -> None:
-        self.custom.create_namespaced_custom_object(
-            contender.group,
-            contender.version,
-            namespace,
-            contender.plural,
-            contender.manifest(name, workers),
-        )
+        contender.create(self.api, namespace, name, workers)
 
     def create_many(
         self, contender: Contender, namespace: str, names: list[str], workers: int
@@ -462,7 +456,6 @@ def bench_nodes(core: Any, pods: int) -> None:
                 raise
 
 
-STAGES = ("apply", "completion", "burst", "scale")
 # Rows of the request tables that are the harness's, not a controller's: the peers' runners
 # apply their CRD and check their namespace before each start.
 HARNESS_RESOURCES = ("customresourcedefinitions.apiextensions.k8s.io", "namespaces")
@@ -513,16 +506,20 @@ def _measure(
 
     started = time.monotonic()
     results["idle_per_s"] = _keyed(idle_rate(sizes.idle_s))
+
+    def running(stage: str) -> list[Contender]:
+        return [c for c in contenders if stage in c.stages]
+
     if "apply" in stages:
         for workers in sizes.apply_workers:
-            for contender in contenders:
+            for contender in running("apply"):
                 stage(f"apply {sizes.apply_jobs} x {workers} workers", contender)
                 with bench.contender(contender, f"apply{workers}") as (namespace, _):
                     found = bench.apply(contender, namespace, sizes.apply_jobs, workers)
                 results.setdefault(f"apply{workers}", {})[contender.key] = found
                 save()
     if "completion" in stages:
-        for contender in contenders:
+        for contender in running("completion"):
             stage(f"completion and lifecycle, {sizes.completion_jobs} jobs", contender)
             with bench.contender(contender, "completion") as (namespace, _):
                 window = RequestWindow(
@@ -536,7 +533,7 @@ def _measure(
             save()
     if "burst" in stages:
         for jobs in sizes.bursts:
-            for contender in contenders:
+            for contender in running("burst"):
                 stage(f"burst {jobs} x {sizes.burst_workers}", contender)
                 with bench.contender(contender, f"burst{jobs}") as (namespace, _):
                     found = bench.burst(contender, namespace, jobs, sizes.burst_workers)
@@ -546,7 +543,8 @@ def _measure(
     if "scale" in stages:
         idle = idle_rate(sizes.idle_s)
         # kube-ddp last: its largest size takes longest (a quarter of an hour for 10,000).
-        for contender in [*contenders[1:], contenders[0]]:
+        scaled = running("scale")
+        for contender in [*scaled[1:], scaled[0]]:
             upto = max(sizes.scale_jobs) if contender.key == "kube-ddp" else sizes.scale_peers_upto
             steps = tuple(n for n in sizes.scale_jobs if n <= upto)
             stage(f"scale {steps} and restart", contender)

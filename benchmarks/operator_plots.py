@@ -40,7 +40,9 @@ def plot(results: dict[str, Any], sizes: Sizes) -> None:
     if "scale" in results:
         figure, axis = plt.subplots(figsize=(5.5, 3.6))
         for key in titles:
-            found = results["scale"].get(key, {"scale": []})
+            if key not in results["scale"]:  # the floor: no controller to measure
+                continue
+            found = results["scale"][key]
             xs = [p["jobs"] for p in found["scale"]]
             ys = [p["rss_mib"] for p in found["scale"]]
             axis.plot(xs, ys, marker="o", label=titles[key], color=colors[key])
