@@ -138,15 +138,8 @@ def measure(repeats: int, jobs: int) -> dict[str, Any]:
     started = time.monotonic()
     try:
         dev_cluster.controlplane.apply_crds(files, names, kubeconfig)
-        client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-        cluster = Cluster(
-            kubeconfig=kubeconfig,
-            server=state["server"],
-            ca_file=dev_cluster.PKI / "ca.crt",
-            bin_dir=dev_cluster.STATE_DIR / "bin",
-            api=client,
-        )
-        api = kubernetes.client.CustomObjectsApi(client)
+        cluster = Cluster.of_dev_cluster(state)
+        api = cluster.custom_objects
         with fresh_namespace(cluster, f"bench-crd-{uuid.uuid4().hex[:5]}") as namespace:
             create_batch(api, namespace, "shipped", min(jobs, 20))  # warm: caches, CEL programs
             order = list(VARIANTS)
@@ -158,7 +151,7 @@ def measure(repeats: int, jobs: int) -> dict[str, Any]:
                     per_create = 1000 * batch["cpu_s"] / jobs
                     print(f"crd cost [{round_ + 1}/{repeats}] {variant}: {per_create:.2f} ms "
                           f"API-server CPU a create", file=sys.stderr, flush=True)  # fmt: skip
-        client.close()
+        cluster.api.close()
     finally:
         for name in names[1:]:
             dev_cluster.controlplane.kubectl("delete", "crd", name, "--ignore-not-found",

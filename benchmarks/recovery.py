@@ -545,18 +545,11 @@ def real_node() -> Iterator[DevPlatform]:
         crd = REPO / "manifests" / "crd.yaml"
         dev_cluster.controlplane.apply_crds([crd], ["ddptrainingjobs.kubeddp.io"], kubeconfig)
         dev_cluster.node.up()
-        api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-        cluster = Cluster(
-            kubeconfig=kubeconfig,
-            server=state["server"],
-            ca_file=dev_cluster.PKI / "ca.crt",
-            bin_dir=dev_cluster.STATE_DIR / "bin",
-            api=api,
-        )
+        cluster = Cluster.of_dev_cluster(state)
         try:
             yield DevPlatform(cluster, Path("helm"), dev_job_overrides(), [], dev_mounts())
         finally:
-            api.close()
+            cluster.api.close()
     finally:
         if started_here:
             dev_cluster.down()

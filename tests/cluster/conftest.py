@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import kubernetes
 import pytest
 
 from tests.cluster.helm_support import Helm, helm_binary
@@ -89,18 +88,11 @@ def cluster() -> Iterator[Cluster]:
             state = dev_cluster.up(owner="pytest")
         except (dev_cluster.BuildError, dev_cluster.ClusterError) as error:
             pytest.fail(f"the local control plane did not come up: {error}", pytrace=False)
-        kubeconfig = state["kubeconfig"]
-        api = kubernetes.config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        cluster = Cluster.of_dev_cluster(state)
         try:
-            yield Cluster(
-                kubeconfig=Path(state["kubeconfig"]),
-                server=state["server"],
-                ca_file=dev_cluster.PKI / "ca.crt",
-                bin_dir=dev_cluster.STATE_DIR / "bin",
-                api=api,
-            )
+            yield cluster
         finally:
-            api.close()
+            cluster.api.close()
             with contextlib.suppress(BlockingIOError):
                 fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 still = dev_cluster.read_state()

@@ -40,6 +40,20 @@ class Cluster:
     bin_dir: Path  # kubectl and helm
     api: kubernetes.client.ApiClient  # admin client of the official sync `kubernetes` package
 
+    @classmethod
+    def of_dev_cluster(cls, state: dict[str, Any]) -> Cluster:
+        """The dev cluster whose `up` returned `state`, with a client of its own to close."""
+        dev_cluster = load_dev_cluster()
+        kubeconfig = Path(state["kubeconfig"])
+        api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        return cls(
+            kubeconfig=kubeconfig,
+            server=state["server"],
+            ca_file=dev_cluster.PKI / "ca.crt",
+            bin_dir=dev_cluster.STATE_DIR / "bin",
+            api=api,
+        )
+
     # Typed Any: the client's models make every field optional, and accept plain dicts as bodies.
     @property
     def core(self) -> Any:
