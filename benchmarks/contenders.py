@@ -10,7 +10,8 @@ job kind it runs, run as a process against the same local control plane.
 
 The floor is no controller at all: the benchmark's client creates the objects kube-ddp's
 builders render for each job (Service, NetworkPolicy, ServiceAccount, Role, RoleBinding, the
-pods) itself, one after another, as fast as the API server takes them. It is the limit on this
+pods) itself, in the operator's two rounds, each round's requests at once, as fast as the API
+server takes them. It is the limit on this
 machine, and runs only the stages that need no controller (apply, burst).
 
 (The MPI launcher is the pod of a batch Job the MPI Operator creates.)
@@ -23,6 +24,7 @@ workers: kube-ddp has no client-side limit and 8 workers.
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import os
@@ -31,6 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +43,9 @@ import kubernetes
 
 from kube_ddp import names
 from kube_ddp.builders import BuildSettings, build_children
+from kube_ddp.controller import FIRST_ROUND_KINDS
 from kube_ddp.jobfile import load_job
+from kube_ddp.kube import collection_path
 from tests.cluster.support import load_dev_cluster
 
 KUBE_DDP = Path(sys.executable).with_name("kube-ddp")
@@ -261,16 +266,45 @@ class TrainingOperator(Contender):
 class Floor(KubeDDP):
     key, title = "floor", "floor (no controller)"
     stages = ("apply", "burst")
+    ROUND_THREADS = 16  # requests of one job at once; the operator's asyncio has no limit
+
+    def __init__(self) -> None:
+        self._clients: dict[int, Any] = {}
 
     def create(self, api: Any, namespace: str, name: str, workers: int) -> None:
-        """The children kube-ddp's operator would create for the job, in its builders' order."""
+        """The children kube-ddp's operator would create for the job, as it creates them: the
+        kinds others name first, then the rest and the pods, each round's requests at once.
+        Raw POSTs whose answers are not decoded: the client must not be the limit."""
         job = load_job(self.manifest(name, workers), namespace)
-        for child in build_children(job, attempt=0, settings=BuildSettings()):
-            kubernetes.utils.create_from_dict(api, child, namespace=namespace)
+        children = build_children(job, attempt=0, settings=BuildSettings())
+        first = [c for c in children if c["kind"] in FIRST_ROUND_KINDS]
+        then = [c for c in children if c["kind"] not in FIRST_ROUND_KINDS]
+        client = self._client(api)
+        with ThreadPoolExecutor(self.ROUND_THREADS) as pool:
+            for round_ in (first, then):
+                list(pool.map(lambda child: _post(client, namespace, child), round_))
+
+    def _client(self, api: Any) -> Any:
+        """A client on `api`'s configuration with a connection pool for every request at once
+        (the default keeps 10 connections and opens and drops the others)."""
+        if id(api) not in self._clients:
+            configuration = copy.copy(api.configuration)
+            configuration.connection_pool_maxsize = 8 * self.ROUND_THREADS  # burst: 8 jobs
+            self._clients[id(api)] = kubernetes.client.ApiClient(configuration)
+        return self._clients[id(api)]
 
     @contextmanager
     def run(self, kubeconfig: str, namespace: str, scratch: Path) -> Iterator[Running]:
         yield Running(os.getpid(), lambda: 0)  # no process of its own: the client's
+
+
+def _post(client: Any, namespace: str, child: dict[str, Any]) -> None:
+    path = collection_path(child["apiVersion"], child["kind"], namespace)
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    answer = client.call_api("POST", client.configuration.host + path, headers, child)
+    said = answer.read()  # read whole, or the connection never goes back to the pool
+    if answer.status != 201:
+        raise RuntimeError(f"POST {path}: {answer.status} {said[:300]!r}")
 
 
 CONTENDERS: dict[str, Contender] = {

@@ -50,6 +50,7 @@ def render(results: dict[str, Any], sizes: Sizes, command: str) -> str:
         "",
         f"Command: `{command}`. Results of one run ({results['minutes']:.0f} min);",
         "raw figures in `.bench/results.json` (git-ignored).",
+        *([results["note"]] if results.get("note") else []),  # where stages come from elsewhere
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, {cpu_model()}, "
         f"{_memory_gib():.0f} GiB; Python {platform.python_version()}. The control plane",
