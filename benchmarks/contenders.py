@@ -286,10 +286,11 @@ class Floor(KubeDDP):
 
     def _client(self, api: Any) -> Any:
         """A client on `api`'s configuration with a connection pool for every request at once
-        (the default keeps 10 connections and opens and drops the others)."""
+        (the default keeps 5 a core, and opens and drops the others)."""
         if id(api) not in self._clients:
             configuration = copy.copy(api.configuration)
-            configuration.connection_pool_maxsize = 8 * self.ROUND_THREADS  # burst: 8 jobs
+            # a burst creates 8 jobs at once (operator_measure.Bench.create_many)
+            configuration.connection_pool_maxsize = 8 * self.ROUND_THREADS
             self._clients[id(api)] = kubernetes.client.ApiClient(configuration)
         return self._clients[id(api)]
 
