@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from ddp_trainer.culprit import Entry, describe
+import threading
+import time
+
+from ddp_trainer.culprit import Entry, Ledger, describe
 
 NOW = 1000.0
 
@@ -32,3 +35,27 @@ def test_a_rank_without_an_entry_is_named_and_equal_ranks_blame_none() -> None:
     assert "rank(s) 2 left no entry" in describe([entry(0, 5, 1), entry(1, 5, 1)], 3, NOW, 5)
     same = describe([entry(0, 5, 1), entry(1, 5, 2)], 2, NOW, 5)
     assert same.startswith("no rank fell behind")
+
+
+class SlowStore:
+    """A store whose writes take `seconds`, as rank 0's does while it tears its group down."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.writes = 0
+
+    def set(self, key: str, value: str) -> None:
+        time.sleep(self.seconds)
+        self.writes += 1
+
+
+def test_stopping_the_ledger_waits_for_its_write_in_flight() -> None:
+    """A daemon thread still inside a store call when the interpreter finalizes is ended
+    there, through C++ frames: std::terminate, and a finished rank exits 134 (SIGABRT,
+    "terminate called without an active exception") instead of 0."""
+    store = SlowStore(0.3)
+    ledger = Ledger(store, lambda: 0, 0, interval=0.01, pod="pod", node="node").start()
+    time.sleep(0.1)  # its thread is in its second write
+    ledger.stop()
+    assert not [t for t in threading.enumerate() if t.name == "kubeddp-ledger"]
+    assert store.writes == 2

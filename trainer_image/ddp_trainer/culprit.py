@@ -137,7 +137,11 @@ class Ledger:
         return self
 
     def stop(self) -> None:
+        """Ends the thread, waiting for a write in flight: a daemon thread still inside a store
+        call when the interpreter finalizes is ended in C++ frames (std::terminate, SIGABRT)."""
         self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(READ_TIMEOUT_S)
 
     def _run(self) -> None:
         while not self._stopped.wait(min(self.interval, self.stall_after or self.interval)):
