@@ -76,10 +76,11 @@ SHELL_KEYWORDS = frozenset(
 )
 SHELL_BUILTINS = frozenset(
     {"cd", "echo", "exec", "export", "printf", "set", "shift", "test", "[", "read", "break"}
-    | {"continue", "return", "exit", "wait", "trap", "local", "true", "false", ":"}
+    | {"continue", "return", "exit", "wait", "trap", "local", "true", "false", ":", "command"}
 )
 REDIRECTION = re.compile(r"\d*(<<?|>>?|<>|>&|<&)")
-COMMAND_SEPARATORS = re.compile(r"&&|\|\||;|\||\n|\$\(|`")
+# `$(` starts a command; `$((` arithmetic, which the word with its `=` then drops.
+COMMAND_SEPARATORS = re.compile(r"&&|\|\||;|\||\n|\$\((?!\()|`")
 
 
 def script_commands(script: str) -> set[str]:

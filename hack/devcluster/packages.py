@@ -82,6 +82,7 @@ BASE = frozenset(
         "cat",
         "env",
         "gcc",
+        "getent",  # the MPI launcher's script waits on it (libc-bin)
         "git",
         "go",
         "ip",

@@ -613,6 +613,8 @@ def build_worker_pods(
 # container's, so without these python is not found and rank 0 cannot reach the API server.
 MPI_FORWARDED_ENV = ("PATH", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
 SSHD_CONFIG = "/tmp/kube-ddp-sshd_config"
+# How long the launcher waits for every worker's name to resolve before it gives up.
+MPI_RESOLVE_WAIT_S: Final = 300
 
 
 def _mpi(spec: DDPTrainingJobSpec) -> MPIOptions:
@@ -653,12 +655,19 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
         *program,
     ]
     # MASTER_ADDR: the first host of the host file (`host slots=N`), in bash alone: images
-    # need not carry awk.
+    # need not carry awk. Then every host must resolve before mpirun: ssh gives up at once on a
+    # name without a record, and a launcher can start before its workers' pods have addresses
+    # (an MPIJob resumed from suspend creates both at once).
     script = (
-        "set -eu; MASTER_ADDR=; "
+        "set -eu; MASTER_ADDR=; hosts=; "
         "while read -r host _; do case $host in ''|'#'*) continue;; esac; "
-        "MASTER_ADDR=${host%%:*}; break; "
+        'host=${host%%:*}; MASTER_ADDR=${MASTER_ADDR:-$host}; hosts="$hosts $host"; '
         'done < "${OMPI_MCA_orte_default_hostfile:-/etc/mpi/hostfile}"; '
+        "if command -v getent >/dev/null; then for host in $hosts; do tries=0; "
+        'until getent hosts "$host" >/dev/null; do tries=$((tries+1)); '
+        f"if [ $tries -ge {MPI_RESOLVE_WAIT_S} ]; then "
+        f'echo "kube-ddp: $host did not resolve in {MPI_RESOLVE_WAIT_S} s: is its worker pod '
+        "created and the MPIJob's Service there?\" >&2; exit 1; fi; sleep 1; done; done; fi; "
         "export MASTER_ADDR; exec " + shlex.join(mpirun)
     )
     return ["/bin/bash", "-c", script]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kube_ddp.builders import BuildSettings, build_mpijob
+from kube_ddp.builders import MPI_RESOLVE_WAIT_S, BuildSettings, build_mpijob
 from kube_ddp.local.plan import free_port
 from tests.host_tools import require
 from tests.trainer import support
@@ -95,6 +95,59 @@ def test_mpirun_runs_the_rendered_launcher_command_across_two_hosts(
         "rank=0 world_size=2 local_rank=0 local_world_size=1 node_rank=0",
         "rank=1 world_size=2 local_rank=0 local_world_size=1 node_rank=1",
     }
+
+
+def launcher_in(tmp_path: Path, hostfile: str, unresolved_tries: int) -> subprocess.Popen[str]:
+    """The rendered launcher command with `getent` failing its first `unresolved_tries` looks
+    for each name (a worker pod not yet created), `sleep` instant, and an `mpirun` that says
+    what it was started with."""
+    job = make_job(nodes=2, launcher="mpi")
+    mpijob = build_mpijob(job, 0, BuildSettings())
+    (launcher,) = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    (tmp_path / "hostfile").write_text(hostfile)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    fakes = {
+        "getent": (  # a name's tries counted in a file of its own
+            f'n=$(cat "{tmp_path}/tries.$2" 2>/dev/null || echo 0); '
+            f'echo $((n + 1)) > "{tmp_path}/tries.$2"; '
+            f'[ "$n" -ge {unresolved_tries} ] && echo "10.0.0.1 $2"'
+        ),
+        "sleep": "exit 0",
+        "mpirun": 'echo "mpirun MASTER_ADDR=$MASTER_ADDR"',
+    }
+    for name, body in fakes.items():
+        (tools / name).write_text("#!/bin/sh\n" + body + "\n")
+        (tools / name).chmod(0o755)
+    env = support.clean_env(
+        PATH=f"{tools}{os.pathsep}{os.environ['PATH']}",
+        OMPI_MCA_orte_default_hostfile=str(tmp_path / "hostfile"),
+    )
+    return subprocess.Popen(
+        launcher["command"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+HOSTFILE = (
+    "# by the MPI Operator\njob-worker-0.job.ns.svc slots=1\njob-worker-1.job.ns.svc slots=1\n"
+)
+
+
+def test_the_launcher_waits_until_every_worker_resolves(tmp_path: Path) -> None:
+    """An MPIJob resumed from suspend starts its launcher with its workers: ssh would give up on
+    a name with no record yet, so mpirun starts only once every host resolves."""
+    out, err = launcher_in(tmp_path, HOSTFILE, unresolved_tries=3).communicate(timeout=60)
+    assert out == "mpirun MASTER_ADDR=job-worker-0.job.ns.svc\n", err
+    for worker in range(2):
+        assert (tmp_path / f"tries.job-worker-{worker}.job.ns.svc").read_text() == "4\n"
+
+
+def test_a_launcher_whose_worker_never_resolves_says_which(tmp_path: Path) -> None:
+    launcher = launcher_in(tmp_path, HOSTFILE, unresolved_tries=10**6)
+    out, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 1
+    assert out == ""  # mpirun never started
+    assert f"job-worker-0.job.ns.svc did not resolve in {MPI_RESOLVE_WAIT_S} s" in err
 
 
 # --- Slurm ------------------------------------------------------------------------------------

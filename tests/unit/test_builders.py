@@ -620,7 +620,7 @@ def test_mpijob_for_gaudi() -> None:
         "core",
     ]
     assert mpirun[-5:] == ["python", "-m", "ddp_trainer", "--epochs", "2"]
-    assert "MASTER_ADDR=${host%%:*};" in words  # the first host of the MPI host file
+    assert "MASTER_ADDR=${MASTER_ADDR:-$host};" in words  # the first host of the MPI host file
     workers = obj["spec"]["mpiReplicaSpecs"]["Worker"]
     assert workers["replicas"] == 2
     (container,) = workers["template"]["spec"]["containers"]

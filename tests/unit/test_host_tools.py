@@ -76,6 +76,8 @@ def test_the_programs_a_shell_script_names_are_recorded_too() -> None:
     assert script_commands(loop) == {"sinfo", "sleep"}
     redirected = "< /etc/hostname read name && 2>/dev/null ls /x && > out tee y; cat <<EOF"
     assert script_commands(redirected) == {"ls", "tee", "cat"}
+    counted = "if command -v getent; then until getent x; do n=$((n+1)); x=$(id -u); done; fi"
+    assert script_commands(counted) == {"getent", "id"}
     log = CommandLog()
     log("subprocess.Popen", (None, ["unshare", "--mount", "sh", "-c", script, "kueue"], None, None))
     assert log.commands == {"unshare", "cat", "mount"}
