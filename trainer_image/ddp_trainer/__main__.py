@@ -13,9 +13,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import NoReturn
 
 from ddp_trainer.contract import EXIT_PREEMPTED
-from ddp_trainer.errors import TrainerError, exit_peer_lost, is_peer_lost, storage_error
+from ddp_trainer.errors import (
+    TrainerError,
+    end_process,
+    exit_peer_lost,
+    is_peer_lost,
+    storage_error,
+)
 from ddp_trainer.options import parse_argv
 from ddp_trainer.preemption import Preemption
 
@@ -53,5 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def entry() -> NoReturn:
+    """`python -m ddp_trainer` and the `ddp-train` script: main's code, as `end_process` ends."""
+    end_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -103,7 +104,17 @@ def exit_peer_lost(prog: str, exc: BaseException) -> NoReturn:
         file=sys.stderr,
         flush=True,
     )
+    end_process(contract.EXIT_PEER_LOST)
+
+
+def end_process(code: int) -> NoReturn:
+    """Exit with `code`; once torch is loaded, without the interpreter's teardown. Gloo's worker
+    threads outlive destroy_process_group, and one that drops the last reference to a finished
+    collective's tensors while the interpreter finalizes takes a GIL that is gone: std::terminate,
+    and SIGABRT's 134 in place of `code` (a finished rank then looks failed)."""
+    if "torch" not in sys.modules:
+        sys.exit(code)
+    logging.shutdown()
     sys.stdout.flush()
-    # Not sys.exit: gloo's threads abort the interpreter's shutdown (SIGABRT), which would hide
-    # this exit code.
-    os._exit(contract.EXIT_PEER_LOST)
+    sys.stderr.flush()
+    os._exit(code)
