@@ -371,6 +371,75 @@ def test_in_the_same_second_a_program_error_comes_before_a_lost_peer() -> None:
     assert (decision.status.failure.pod, decision.status.failure.exit_code) == ("bar-worker-1", 1)
 
 
+@dataclass(frozen=True)
+class CauseCase:
+    """Lost-peer exits (88) seen before the failure that caused them."""
+
+    id: str
+    pods: tuple[PodView, ...]
+    phase: str  # the job's phase after the decision
+    requeue_after: float | None = None
+    failed: tuple[str, int] | None = None  # status.failure's pod and exit code
+
+
+def seconds_ago(seconds: int) -> str:
+    return (NOW - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+CAUSES = [
+    CauseCase(
+        "an 88 while its peer still runs: the peer's end is awaited",
+        (pod(0, "Failed", exit_code=88, finished_at=seconds_ago(1)), pod(1)),
+        "Running",
+        requeue_after=4.0,
+    ),
+    CauseCase(
+        "the peer's kill, earlier, reported within the grace: it is the cause",
+        (
+            pod(0, "Failed", exit_code=88, finished_at=seconds_ago(3)),
+            pod(1, "Failed", exit_code=137, finished_at=seconds_ago(4)),
+        ),
+        "Restarting",
+        failed=("bar-worker-1", 137),
+    ),
+    CauseCase(
+        "the grace over and the peer still running (hung): the 88 decides",
+        (pod(0, "Failed", exit_code=88, finished_at=seconds_ago(5)), pod(1)),
+        "Restarting",
+        failed=("bar-worker-0", 88),
+    ),
+    CauseCase(
+        "every worker ended 88: no peer is left to be the cause",
+        (
+            pod(0, "Failed", exit_code=88, finished_at=seconds_ago(1)),
+            pod(1, "Failed", exit_code=88, finished_at=seconds_ago(1)),
+        ),
+        "Restarting",
+        failed=("bar-worker-0", 88),
+    ),
+    CauseCase(
+        "the peer is being deleted: its end (Deleted) is awaited too",
+        (
+            pod(0, "Failed", exit_code=88, finished_at=seconds_ago(1)),
+            pod(1, deleting=True),
+        ),
+        "Running",
+        requeue_after=4.0,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CAUSES, ids=[case.id for case in CAUSES])
+def test_lost_peer_exits_wait_a_moment_for_their_cause(case: CauseCase) -> None:
+    """The CI's race: worker-0's 88 reached the operator before the kubelet reported worker-1's
+    137, and the 88 was taken for the cause (the wrong pod and code in status.failure)."""
+    decision = decide(job(running()), list(case.pods), NOW)
+    assert decision.status.phase == case.phase
+    assert decision.requeue_after == case.requeue_after
+    failure = decision.status.failure
+    assert (failure and (failure.pod, failure.exit_code)) == case.failed
+
+
 CREATED = "2026-11-22T11:50:00Z"  # the attempt's pods
 
 

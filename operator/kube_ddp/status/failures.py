@@ -3,8 +3,11 @@ whether the group restarts or the job fails (docs/design.md, "Failure rules").""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
+from typing import Final
 
 from ddp_trainer import contract
 from kube_ddp import names
@@ -157,6 +160,29 @@ def preempted_by(pod: PodView) -> str:
 
 def cause_first(failures: list[WorkerFailure]) -> list[WorkerFailure]:
     return sorted(failures, key=lambda f: f.cause_first)
+
+
+# How long lost-peer exits wait for the failure that caused them: a rank's peers see it die at
+# once (their connections close), the kubelet reports its container's end a second or more
+# later.
+CAUSE_GRACE_S: Final = 5.0
+
+
+def awaiting_the_cause(
+    failures: Sequence[WorkerFailure], pods: Iterable[PodView], now: datetime
+) -> float | None:
+    """Seconds to wait before deciding on `failures` when each is a lost-peer exit (88) and
+    another worker still runs: the rank whose end they saw (killed, crashed) has likely not
+    been reported yet, and an 88 taken for the cause would say the wrong pod and code. None:
+    decide now (a cause is among them, no peer is left to be it, or the grace is over)."""
+    if not failures or not all(f.peer_lost and f.finished_at for f in failures):
+        return None
+    failed = {f.index for f in failures}
+    if not any(p.phase == "Running" and p.index not in failed for p in pods):
+        return None
+    first = min(datetime.fromisoformat(f.finished_at or "") for f in failures)
+    left = CAUSE_GRACE_S - (now - first).total_seconds()
+    return left if left > 0 else None
 
 
 def is_retryable(job: DDPTrainingJob, failure: WorkerFailure) -> bool:

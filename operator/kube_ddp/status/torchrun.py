@@ -10,7 +10,13 @@ from kube_ddp import names
 from kube_ddp.api import DDPTrainingJob, RunPolicy, WorkerCounts
 from kube_ddp.reasons import PodReason, Reason
 from kube_ddp.status.draft import CreateWorkers, Draft, Event
-from kube_ddp.status.failures import WorkerFailure, cause_first, fail_or_restart, pod_failure
+from kube_ddp.status.failures import (
+    WorkerFailure,
+    awaiting_the_cause,
+    cause_first,
+    fail_or_restart,
+    pod_failure,
+)
 from kube_ddp.status.inplace import (
     fold_rank_restart,
     go_on_replacing,
@@ -112,6 +118,9 @@ def _under_way(
     go_on_replacing(draft, current)
     replacing = set(draft.status.replacing)
     if failures := [f for f in _failures(job, current) if f.index not in replacing]:
+        if (wait := awaiting_the_cause(failures, current.values(), draft.now)) is not None:
+            draft.requeue(wait)
+            return
         if not replaceable(job, failures, current):
             fail_or_restart(draft, job, failures, Pods(observed))
             return
