@@ -51,10 +51,12 @@ class Helm:
             raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
         return result
 
-    def template(self, *args: str, namespace: str = "kube-ddp") -> list[dict[str, Any]]:
+    def template(
+        self, *args: str, namespace: str = "kube-ddp", release: str = "kube-ddp"
+    ) -> list[dict[str, Any]]:
         out = self.run(
             "template",
-            "kube-ddp",
+            release,
             str(CHART),
             "--namespace",
             namespace,

@@ -105,6 +105,39 @@ def test_helm_lint(helm: Helm) -> None:
     assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
 
 
+def test_two_releases_shard_the_namespaces_without_a_clash(helm: Helm) -> None:
+    """docs/install.md, "More than one operator process": two releases in one namespace, each
+    watching namespaces of its own, share no object (the CRD is in crds/, which Helm installs
+    once and skips when present) and campaign for Leases of their own."""
+    shards = {"shard-a": "team-a,team-b", "shard-b": "team-c"}
+    rendered = {
+        release: helm.template(f"--set=watchNamespaces={{{watched}}}", release=release)
+        for release, watched in shards.items()
+    }
+
+    def keys(objects: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+        return {
+            (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in objects
+        }
+
+    assert not keys(rendered["shard-a"]) & keys(rendered["shard-b"])
+    flags = {}
+    for release, objects in rendered.items():
+        (deployment,) = by_kind(objects, "Deployment")
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        flags[release] = container["args"]
+        roles = {
+            (r["metadata"]["namespace"], r["metadata"]["name"]) for r in by_kind(objects, "Role")
+        }
+        watched = shards[release].split(",")
+        assert {ns for ns, _ in roles} >= set(watched)
+    leases = {
+        next(a for a in args if a.startswith("--leader-election-id=")) for args in flags.values()
+    }
+    assert len(leases) == 2
+    assert "--namespace=team-c" in flags["shard-b"] and "--namespace=team-a" not in flags["shard-b"]
+
+
 @pytest.mark.parametrize("combination", list(COMBINATIONS))
 def test_template_is_valid(helm: Helm, combination: str) -> None:
     args = COMBINATIONS[combination]
