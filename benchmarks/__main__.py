@@ -1,4 +1,4 @@
-"""python -m benchmarks [trainer|checkpoint|work-lost|operator|crd|recovery|all] [--peers]
+"""python -m benchmarks [trainer|checkpoint|work-lost|operator|crd|shards|recovery|all] [--peers]
 [--repeats N] [--quick] [--no-write]"""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ BENCHMARKS = {
     "work-lost": "work_lost",
     "operator": "operator_bench",
     "crd": "crd_cost",
+    "shards": "shards",
     "recovery": "recovery",
 }
 

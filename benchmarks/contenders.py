@@ -153,23 +153,31 @@ class KubeDDP(Contender):
 
     @contextmanager
     def run(self, kubeconfig: str, namespace: str, scratch: Path) -> Iterator[Running]:
-        dev_cluster = load_dev_cluster()
-        health, metrics = dev_cluster.free_port(), dev_cluster.free_port()
-        command = [
-            str(KUBE_DDP), "operator", f"--kubeconfig={kubeconfig}", f"--namespace={namespace}",
-            f"--health-port={health}", f"--metrics-port={metrics}", "--log-format=plain",
-        ]  # fmt: skip
-        with open(scratch / f"{self.key}.log", "ab") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            readyz = f"http://127.0.0.1:{health}/readyz"
-            processes = devcluster_processes()
-            ready = functools.partial(processes.is_healthy, readyz)
-            processes.wait_until(readyz, ready, 120, {self.key: process}, scratch)
-            url = f"http://127.0.0.1:{metrics}/metrics"
-            yield Running(process.pid, lambda: int(_metric_sum(url, "kubeddp_jobs_synced_total")))
-        finally:
-            dev_cluster.peers.stop(process)
+        with kube_ddp_operator(kubeconfig, [namespace], scratch / f"{self.key}.log") as running:
+            yield running
+
+
+@contextmanager
+def kube_ddp_operator(kubeconfig: str, namespaces: list[str], log: Path) -> Iterator[Running]:
+    """`kube-ddp operator` watching `namespaces`, once ready; its output in `log`."""
+    dev_cluster = load_dev_cluster()
+    health, metrics = dev_cluster.free_port(), dev_cluster.free_port()
+    command = [
+        str(KUBE_DDP), "operator", f"--kubeconfig={kubeconfig}",
+        *(f"--namespace={namespace}" for namespace in namespaces),
+        f"--health-port={health}", f"--metrics-port={metrics}", "--log-format=plain",
+    ]  # fmt: skip
+    with open(log, "ab") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        readyz = f"http://127.0.0.1:{health}/readyz"
+        processes = devcluster_processes()
+        ready = functools.partial(processes.is_healthy, readyz)
+        processes.wait_until(readyz, ready, 120, {log.stem: process}, log.parent)
+        url = f"http://127.0.0.1:{metrics}/metrics"
+        yield Running(process.pid, lambda: int(_metric_sum(url, "kubeddp_jobs_synced_total")))
+    finally:
+        dev_cluster.peers.stop(process)
 
 
 class MPIOperator(Contender):

@@ -475,13 +475,19 @@ def measure(
             dev_cluster.down()
 
 
+def apply_our_crd(kubeconfig: str) -> None:
+    """The DDPTrainingJob CRD as shipped, established."""
+    crd = REPO / "manifests" / "crd.yaml"
+    load_dev_cluster().controlplane.apply_crds(
+        [crd], ["ddptrainingjobs.kubeddp.io"], Path(kubeconfig)
+    )
+
+
 def _measure(
     kubeconfig: str, out: Path, sizes: Sizes, contenders: list[Contender], stages: tuple[str, ...]
 ) -> dict[str, Any]:
     bench = Bench(kubeconfig, out)
-    dev_cluster = load_dev_cluster()
-    crd = REPO / "manifests" / "crd.yaml"
-    dev_cluster.controlplane.apply_crds([crd], ["ddptrainingjobs.kubeddp.io"], Path(kubeconfig))
+    apply_our_crd(kubeconfig)
     most_pods = max(
         [sizes.burst_workers * n + n for n in sizes.bursts if "burst" in stages]
         + [2 * n for n in sizes.scale_jobs if "scale" in stages]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import crd_cost, operator_measure, operator_report
+from benchmarks import crd_cost, operator_measure, operator_report, shards
 from benchmarks.contenders import CONTENDERS
 from tests.cluster.support import Cluster, load_dev_cluster
 
@@ -49,4 +49,15 @@ def test_the_crd_cost_benchmark_runs(cluster: Cluster) -> None:
     assert all(row["batches"] == 1 and row["cpu_ms"] >= 0 for row in found.values())
     text = crd_cost.render(results)
     for title in crd_cost.VARIANTS.values():
+        assert title in text
+
+
+def test_the_shards_benchmark_runs(cluster: Cluster) -> None:
+    """Both layouts run their burst to the last pod, and the report has each."""
+    results = shards.measure(1, shards.QUICK_JOBS)
+    found = shards.summary(results)
+    assert set(found) == set(shards.LAYOUTS)
+    assert all(row["bursts"] == 1 and row["cpu_s"] > 0 for row in found.values())
+    text = shards.render(results)
+    for title, _ in shards.LAYOUTS.values():
         assert title in text
