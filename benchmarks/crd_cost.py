@@ -30,7 +30,7 @@ import kubernetes
 import yaml
 
 from benchmarks.operator_measure import OUT, cpu_seconds
-from benchmarks.trainer import cpu_count, cpu_description
+from benchmarks.trainer import machine_line
 from tests.cluster.support import Cluster, fresh_namespace, load_dev_cluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -191,18 +191,18 @@ def render(results: dict[str, Any]) -> str:
             f"| {VARIANTS[variant]} | {row['cpu_ms']:.2f} | {ratio} | {row['p50_ms']:.1f} "
             f"| {row['p95_ms']:.1f} | {row['per_s']:.0f} | {row['batches']} |"
         )
-    loads = results["load"] or [0.0]
-    cpu_model, _ = cpu_description()
     return "\n".join(
         [
             "## What the CRD's schema costs per create",
             "",
             "Command: `python -m benchmarks crd` (part of `make bench`).",
             "",
-            f"Machine: {cpu_count()} CPUs, {cpu_model}; the dev cluster's control plane (one "
-            f"kube-apiserver, one etcd) on it. Load average (1 min) before each batch "
-            f"{min(loads):.1f} to {max(loads):.1f}. The run took "
-            f"{results.get('minutes', 0):.1f} minutes.",
+            machine_line(
+                "the dev cluster's control plane (one kube-apiserver, one etcd) on it",
+                results["load"],
+                "batch",
+                results.get("minutes", 0),
+            ),
             "",
             f"Each batch creates the demo job (`{JOB.relative_to(REPO)}`) {results['jobs']} "
             f"times from {results['clients']} client threads against one CRD variant, the "

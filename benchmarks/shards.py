@@ -33,7 +33,7 @@ from benchmarks.operator_measure import (
     cpu_seconds,
     pod_name,
 )
-from benchmarks.trainer import cpu_count, cpu_description
+from benchmarks.trainer import machine_line
 from tests.cluster.support import load_dev_cluster
 
 RESULTS = OUT / "shards.json"
@@ -148,18 +148,18 @@ def render(results: dict[str, Any]) -> str:
             f"| {LAYOUTS[layout][0]} | {row['all_pods_s']:.1f} | {ratio} | {row['cpu_s']:.1f} "
             f"| {row['rss_mib']:.0f} | {row['bursts']:.0f} |"
         )
-    loads = results["load"] or [0.0]
-    cpu_model, _ = cpu_description()
     return "\n".join(
         [
             "## Two operator shards against one",
             "",
             "Command: `python -m benchmarks shards` (part of `make bench`).",
             "",
-            f"Machine: {cpu_count()} CPUs, {cpu_model}; the dev cluster's control plane on it, "
-            f"the operators beside it. Load average (1 min) before each burst "
-            f"{min(loads):.1f} to {max(loads):.1f}. The run took "
-            f"{results.get('minutes', 0):.1f} minutes.",
+            machine_line(
+                "the dev cluster's control plane on it, the operators beside it",
+                results["load"],
+                "burst",
+                results.get("minutes", 0),
+            ),
             "",
             f"Each burst creates {results['jobs']} jobs of {results['workers']} workers at once, "
             "half in each of two fresh namespaces, under one layout, the order turned each "

@@ -119,6 +119,17 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def machine_line(setting: str, loads: list[float], each: str, minutes: float) -> str:
+    """A report's "Machine:" sentence: CPUs and model, what runs on them, the load before
+    each measurement and how long the run took."""
+    loads = loads or [0.0]
+    return (
+        f"Machine: {cpu_count()} CPUs, {cpu_description()[0]}; {setting}. Load average (1 min) "
+        f"before each {each} {min(loads):.1f} to {max(loads):.1f}. The run took "
+        f"{minutes:.1f} minutes."
+    )
+
+
 def cpu_description() -> tuple[str, bool]:
     """The CPU model, and whether it computes bf16 natively (AMX or AVX512-BF16)."""
     try:
