@@ -657,14 +657,15 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
     # MASTER_ADDR: the first host of the host file (`host slots=N`), in bash alone: images
     # need not carry awk. Then every host must resolve before mpirun: ssh gives up at once on a
     # name without a record, and a launcher can start before its workers' pods have addresses
-    # (an MPIJob resumed from suspend creates both at once).
+    # (an MPIJob resumed from suspend creates both at once). `getent ahosts` asks getaddrinfo,
+    # as ssh does: an address passes at once (`getent hosts` would want a name for it).
     script = (
         "set -eu; MASTER_ADDR=; hosts=; "
         "while read -r host _; do case $host in ''|'#'*) continue;; esac; "
         'host=${host%%:*}; MASTER_ADDR=${MASTER_ADDR:-$host}; hosts="$hosts $host"; '
         'done < "${OMPI_MCA_orte_default_hostfile:-/etc/mpi/hostfile}"; '
         "if command -v getent >/dev/null; then for host in $hosts; do tries=0; "
-        'until getent hosts "$host" >/dev/null; do tries=$((tries+1)); '
+        'until getent ahosts "$host" >/dev/null; do tries=$((tries+1)); '
         f"if [ $tries -ge {MPI_RESOLVE_WAIT_S} ]; then "
         f'echo "kube-ddp: $host did not resolve in {MPI_RESOLVE_WAIT_S} s: is its worker pod '
         "created and the MPIJob's Service there?\" >&2; exit 1; fi; sleep 1; done; done; fi; "
