@@ -23,6 +23,7 @@ from typing import Any
 import kubernetes
 
 from benchmarks.contenders import STAGES, Contender, Running, devcluster_processes
+from kube_ddp.names import GROUP, PLURAL
 from tests.cluster.support import load_dev_cluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -189,11 +190,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident memory now, or its peak with `field="VmHWM"`."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
+    raise RuntimeError(f"no {field}")
 
 
 def summary(samples: list[float]) -> dict[str, Any]:
@@ -475,12 +477,10 @@ def measure(
             dev_cluster.down()
 
 
-def apply_our_crd(kubeconfig: str) -> None:
+def apply_our_crd(kubeconfig: str | Path) -> None:
     """The DDPTrainingJob CRD as shipped, established."""
     crd = REPO / "manifests" / "crd.yaml"
-    load_dev_cluster().controlplane.apply_crds(
-        [crd], ["ddptrainingjobs.kubeddp.io"], Path(kubeconfig)
-    )
+    load_dev_cluster().controlplane.apply_crds([crd], [f"{PLURAL}.{GROUP}"], Path(kubeconfig))
 
 
 def _measure(

@@ -41,7 +41,7 @@ import kubernetes
 
 from benchmarks.contenders import CONTENDERS
 from benchmarks.markdown import replace_section
-from benchmarks.operator_measure import OUT
+from benchmarks.operator_measure import OUT, apply_our_crd
 from benchmarks.trainer import cpu_count, cpu_description
 from ddp_trainer.contract import HEARTBEAT_ENV
 from ddp_trainer.options import TrainerOptions, to_argv
@@ -542,8 +542,7 @@ def real_node() -> Iterator[DevPlatform]:
     state = dev_cluster.up(owner="bench")
     try:
         kubeconfig = Path(state["kubeconfig"])
-        crd = REPO / "manifests" / "crd.yaml"
-        dev_cluster.controlplane.apply_crds([crd], ["ddptrainingjobs.kubeddp.io"], kubeconfig)
+        apply_our_crd(kubeconfig)
         dev_cluster.node.up()
         cluster = Cluster.of_dev_cluster(state)
         try:

@@ -32,6 +32,7 @@ from benchmarks.operator_measure import (
     apply_our_crd,
     cpu_seconds,
     pod_name,
+    rss_mib,
 )
 from benchmarks.trainer import machine_line
 from tests.cluster.support import load_dev_cluster
@@ -44,17 +45,6 @@ LAYOUTS: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = {
     "one": ("one process, both namespaces", ((0, 1),)),
     "two": ("two processes, one namespace each", ((0,), (1,))),
 }
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM")
-
-
-def create_half(bench: Bench, namespace: str, names: list[str]) -> None:
-    bench.create_many(KubeDDP(), namespace, names, WORKERS)
 
 
 def burst(bench: Bench, layout: str, jobs: int, scratch: Path) -> dict[str, Any]:
@@ -79,17 +69,18 @@ def burst(bench: Bench, layout: str, jobs: int, scratch: Path) -> dict[str, Any]
         try:
             start = time.perf_counter()
             with ThreadPoolExecutor(2) as pool:  # both halves at once, 8 clients each
-                list(
-                    pool.map(
-                        lambda side: create_half(bench, namespaces[side], halves[side]), (0, 1)
-                    )
-                )
+                creating = [
+                    pool.submit(bench.create_many, contender, namespace, half, WORKERS)
+                    for namespace, half in zip(namespaces, halves, strict=True)
+                ]
+                for created in creating:
+                    created.result()  # a create that failed fails the burst
             for watcher, pods in zip(watchers, wanted, strict=True):
                 watcher.wait(pods, timeout=1800)
             seen = [w.first_seen[p] for w, pods in zip(watchers, wanted, strict=True) for p in pods]
             total = max(seen) - start
             cpu = sum(cpu_seconds(o.pid) for o in operators) - cpu_from
-            rss = sum(peak_rss_mib(o.pid) for o in operators)
+            rss = sum(rss_mib(o.pid, "VmHWM") for o in operators)
         finally:
             for watcher in watchers:
                 watcher.stop()
