@@ -16,12 +16,23 @@ docs/dev-cluster.md describe it.
 | mpioperator | the Kubeflow MPI Operator, run against the cluster |
 | kueue | Kueue, run out of cluster for the tests of kube-ddp's Kueue contract |
 | peers | Kubeflow's Training Operator v1, run against the cluster (`make bench`'s peer) |
+| kubeflow_trainer | Kubeflow Trainer v2 and JobSet, run against the cluster (`make bench`'s peer) |
+| webhooks | a component's admission webhooks served on 127.0.0.1, registered by URL |
 | cli | `hack/dev-cluster.py build|up|down|status|mpi-operator|kueue|packages|tool` |
 
 What tests and benchmarks use is re-exported here.
 """
 
-from devcluster import controlplane, host, kueue, mpioperator, node, packages, peers
+from devcluster import (
+    controlplane,
+    host,
+    kubeflow_trainer,
+    kueue,
+    mpioperator,
+    node,
+    packages,
+    peers,
+)
 from devcluster.build import (
     KUBERNETES_VERSION,
     SCHEDULER_PLUGINS_VERSION,
@@ -67,6 +78,7 @@ __all__ = [
     "down",
     "free_port",
     "host",
+    "kubeflow_trainer",
     "kueue",
     "module_dir",
     "mpioperator",

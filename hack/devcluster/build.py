@@ -50,6 +50,16 @@ PROMETHEUS_VERSION = "v0.316.0"
 # The proxy refuses its /v2 module path; v1.6.1 is the newest it serves.
 KUBE_ROUTER_VERSION = "v1.6.1"
 PYTORCHJOB_CRD_FILE = "./manifests/base/crds/kubeflow.org_pytorchjobs.yaml"  # in the module
+# Kubeflow Trainer v2 (TrainJob) and the JobSet controller its TrainJobs run on
+# (devcluster.kubeflow_trainer), a peer of `make bench`: the newest Trainer the module proxy
+# serves (v2.3.1 and v2.4.x are refused), and the JobSet version its go.mod asks for.
+TRAINER_VERSION = "v2.3.0"
+TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
+TRAINER_CRDS = ("trainjobs", "trainingruntimes", "clustertrainingruntimes")
+TRAINER_RUNTIME_FILE = "manifests/base/runtimes/torch_distributed.yaml"
+JOBSET_VERSION = "v0.12.0"
+JOBSET_MODULE = "sigs.k8s.io/jobset"
+JOBSET_CRD_FILE = "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
 # An S3-compatible object store for the checkpoint tests (tests/s3_server.py): one binary that
 # serves a directory.
 VERSITYGW_VERSION = "v1.8.0"
@@ -250,6 +260,25 @@ ADDONS = (
         version=TRAINING_OPERATOR_VERSION,
         packages={"training-operator": f"{TRAINING_OPERATOR_MODULE}/cmd/training-operator.v1"},
         module_files=(PYTORCHJOB_CRD_FILE,),  # its CRD, from the module: never a copy in the repo
+    ),
+    GoBuild(
+        name="jobset",  # devcluster.kubeflow_trainer: `make bench` and its smoke test
+        module=JOBSET_MODULE,
+        version=JOBSET_VERSION,
+        packages={"jobset": JOBSET_MODULE},
+        ldflags=(f"-X {JOBSET_MODULE}/pkg/version.GitVersion={JOBSET_VERSION}",),
+        module_files=(JOBSET_CRD_FILE, "config/components/webhook/manifests.yaml"),
+    ),
+    GoBuild(
+        name="kubeflow-trainer",  # devcluster.kubeflow_trainer, beside JobSet
+        module=TRAINER_MODULE,
+        version=TRAINER_VERSION,
+        packages={"trainer-controller-manager": f"{TRAINER_MODULE}/cmd/trainer-controller-manager"},
+        module_files=(
+            *(f"manifests/base/crds/trainer.kubeflow.org_{crd}.yaml" for crd in TRAINER_CRDS),
+            "manifests/base/webhook/manifests.yaml",
+            TRAINER_RUNTIME_FILE,
+        ),
     ),
     GoBuild(
         name="promtool",

@@ -18,7 +18,6 @@ Out of cluster, as the reference note measured (docs/dev-cluster.md, "Kueue"):
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import json
@@ -28,10 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from devcluster import webhooks
 from devcluster.build import KUEUE_CRDS, built
 from devcluster.controlplane import State, apply_crds, free_port, kubectl
-from devcluster.paths import LOGS, PKI, RUN, ClusterError, log
-from devcluster.pki import new_certificate
+from devcluster.paths import LOGS, RUN, ClusterError, log
 from devcluster.processes import Component, is_healthy, spawn_to, stop_component, wait_until
 
 NAMESPACE = "kueue-system"
@@ -65,32 +64,6 @@ def config(ports: dict[str, int], cert_dir: Path) -> dict[str, Any]:
     }
 
 
-def webhook_configurations(manifests: Path, port: int, ca_bundle: str) -> list[dict[str, Any]]:
-    """The module's webhook configurations, renamed, with only Kueue's own hooks, each
-    called by URL on 127.0.0.1."""
-    # kubectl reads the YAML (the dev cluster's code has no YAML parser): one JSON per object.
-    text = kubectl("create", "--dry-run=client", "-o", "json", f"--filename={manifests}")
-    decoder, objects, at = json.JSONDecoder(), [], 0
-    while text[at:].strip():
-        obj, end = decoder.raw_decode(text, at + len(text[at:]) - len(text[at:].lstrip()))
-        objects.append(obj)
-        at = end
-    result = []
-    for obj in objects:
-        if obj.get("kind") not in WEBHOOK_CONFIGS:
-            continue
-        hooks = []
-        for hook in obj["webhooks"]:
-            path = hook["clientConfig"]["service"]["path"]
-            if OWN_HOOKS in path:
-                url = f"https://127.0.0.1:{port}{path}"
-                hooks.append({**hook, "clientConfig": {"url": url, "caBundle": ca_bundle}})
-        obj["metadata"] = {"name": WEBHOOK_CONFIGS[obj["kind"]]}
-        obj["webhooks"] = hooks
-        result.append(obj)
-    return result
-
-
 def _apply_crds(bin_dir: Path) -> None:
     files = [bin_dir / f"kueue.x-k8s.io_{crd}.yaml" for crd in KUEUE_CRDS]
     apply_crds(files, [f"{crd}.kueue.x-k8s.io" for crd in KUEUE_CRDS])
@@ -98,8 +71,7 @@ def _apply_crds(bin_dir: Path) -> None:
 
 def _remove(bin_dir: Path) -> None:
     """Everything `running` added, in the order that leaves no hook without its server."""
-    for kind, name in WEBHOOK_CONFIGS.items():
-        kubectl("delete", kind.lower(), name, "--ignore-not-found")
+    webhooks.unregister(WEBHOOK_CONFIGS)
     _release_objects()
     files = [bin_dir / f"kueue.x-k8s.io_{crd}.yaml" for crd in KUEUE_CRDS]
     kubectl("delete", "--ignore-not-found", "--wait=false", *(f"--filename={f}" for f in files))
@@ -146,19 +118,18 @@ def running(state: State) -> Iterator[Component]:
     (upper / "kueue" / "metrics" / "certs").mkdir(parents=True)
     (work / "etc-work").mkdir()
     certs.mkdir()
-    new_certificate(
-        PKI,
-        "kueue-webhook",
-        "/CN=kueue-webhook",
-        ["extendedKeyUsage=serverAuth", "subjectAltName=IP:127.0.0.1"],
+    ca_bundle = webhooks.serving_certificate(
+        "kueue-webhook", certs, upper / "kueue" / "metrics" / "certs"
     )
-    for target in (certs, upper / "kueue" / "metrics" / "certs"):
-        shutil.copy(PKI / "kueue-webhook.crt", target / "tls.crt")
-        shutil.copy(PKI / "kueue-webhook.key", target / "tls.key")
     ports = {name: free_port() for name in ("health", "metrics", "webhook")}
     (work / "config.json").write_text(json.dumps(config(ports, certs), indent=2))
-    ca_bundle = base64.b64encode((PKI / "ca.crt").read_bytes()).decode()
-    hooks = webhook_configurations(bin_dir / "manifests.yaml", ports["webhook"], ca_bundle)
+    hooks = webhooks.by_url(
+        bin_dir / "manifests.yaml",
+        ports["webhook"],
+        ca_bundle,
+        WEBHOOK_CONFIGS,
+        keep=lambda hook: OWN_HOOKS in hook["clientConfig"]["service"]["path"],
+    )
     overlay = f"lowerdir=/etc,upperdir={upper},workdir={work / 'etc-work'}"
     script = f'mount -t overlay overlay -o "{overlay}" /etc && exec "$0" "$@"'  # $0: kueue
     command = [
@@ -181,8 +152,7 @@ def running(state: State) -> Iterator[Component]:
         component = {"name": "kueue", "pid": process.pid, "argv": command}
         check = functools.partial(is_healthy, f"http://127.0.0.1:{ports['health']}/readyz")
         wait_until("kueue /readyz", check, 90, {"kueue": process})
-        hook_list = {"apiVersion": "v1", "kind": "List", "items": hooks}
-        kubectl("apply", "-f", "-", stdin=json.dumps(hook_list))
+        webhooks.register(hooks)
         log(f"kueue ready, webhooks on 127.0.0.1:{ports['webhook']}")
         yield component
     finally:
