@@ -6,6 +6,7 @@ job kind it runs, run as a process against the same local control plane.
 | kube-ddp | DDPTrainingJob, `nodes: N` | `<job>-worker-<i>` | worker 0 |
 | MPI Operator | MPIJob, N workers + a launcher | `<job>-worker-<i>` | the launcher |
 | Training Operator | PyTorchJob: Master 1, Worker N-1 | `<job>-master-0`, `-worker-<i>` | master |
+| Trainer v2 | TrainJob, `numNodes: N`, runtime `torch-distributed` | `<job>-node-0-<i>-<x>` | all |
 | floor | no job: the objects `kube-ddp render` gives for it | `<job>-worker-<i>` | - |
 
 The floor is no controller at all: the benchmark's client creates the objects kube-ddp's
@@ -14,12 +15,16 @@ pods) itself, in the operator's two rounds, each round's requests at once, as fa
 server takes them. It is the limit on this
 machine, and runs only the stages that need no controller (apply, burst).
 
-(The MPI launcher is the pod of a batch Job the MPI Operator creates.)
+(The MPI launcher is the pod of a batch Job the MPI Operator creates. A TrainJob makes a JobSet,
+which makes one Indexed batch Job whose pods have random suffixes: the benchmark knows them by
+their hostname, `<job>-node-0-<i>`. Its JobSet succeeds when every pod has: each one ends it.)
 
 Every job asks for `cleanPodPolicy: Running` (kube-ddp's default), so a lifecycle ends the same
-way on each side. The peers' client rate limits are raised from their defaults (MPI Operator 5
-requests/s, Training Operator 20) to 50 requests/s, bursts of 100, and both get 4 reconcile
-workers: kube-ddp has no client-side limit and 8 workers.
+way on each side (a TrainJob has no such setting: its pods stay, Succeeded). The peers' client
+rate limits are raised from their defaults (MPI Operator 5 requests/s, Training Operator 20) to
+50 requests/s, bursts of 100, and both get 4 reconcile workers: kube-ddp has no client-side
+limit and 8 workers. Trainer v2 and JobSet run with their own defaults (Trainer: 50 requests/s,
+bursts of 100, 5 TrainJobs at once; JobSet: 500 and 500): hack/devcluster/kubeflow_trainer.py.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ PEER_QUEUE = ("1000", "2000")  # the MPI Operator's work queue: events/s and bur
 class Running:
     """A contender's controller process while it runs."""
 
-    pid: int
+    pids: tuple[int, ...]  # its processes: CPU and memory are their sums
     # Jobs it has reconciled since it started (after a restart: the live jobs, once caught up).
     synced: Callable[[], int]
 
@@ -97,6 +102,7 @@ class Contender:
     plural: str
     kind: str
     stages: tuple[str, ...] = STAGES
+    lists_finishers = False  # `finishers` lists the job's pods (a request of the client's)
 
     def create(self, api: Any, namespace: str, name: str, workers: int) -> None:
         """Job `name` of `workers` workers, as its controller's users create it."""
@@ -110,9 +116,13 @@ class Contender:
     def worker_pods(self, name: str, workers: int) -> list[str]:
         raise NotImplementedError
 
-    def finisher(self, core: Any, namespace: str, name: str) -> str:
-        """The pod whose exit 0 ends job `name`."""
+    def finishers(self, core: Any, namespace: str, name: str) -> list[str]:
+        """The pods whose exit 0 ends job `name` (its last one ends it)."""
         raise NotImplementedError
+
+    def pod_key(self, pod: Any) -> str:
+        """The name `worker_pods` gives a pod of this contender's jobs."""
+        return str(pod.metadata.name)
 
     def pods_per_job(self, workers: int) -> int:
         return workers
@@ -145,8 +155,8 @@ class KubeDDP(Contender):
     def worker_pods(self, name: str, workers: int) -> list[str]:
         return [names.worker_name(name, i) for i in range(workers)]
 
-    def finisher(self, core: Any, namespace: str, name: str) -> str:
-        return names.worker_name(name, 0)
+    def finishers(self, core: Any, namespace: str, name: str) -> list[str]:
+        return [names.worker_name(name, 0)]
 
     def succeeded(self, job: dict[str, Any]) -> bool:
         return (job.get("status") or {}).get("phase") == "Succeeded"
@@ -175,7 +185,8 @@ def kube_ddp_operator(kubeconfig: str, namespaces: list[str], log: Path) -> Iter
         ready = functools.partial(processes.is_healthy, readyz)
         processes.wait_until(readyz, ready, 120, {log.stem: process}, log.parent)
         url = f"http://127.0.0.1:{metrics}/metrics"
-        yield Running(process.pid, lambda: int(_metric_sum(url, "kubeddp_jobs_synced_total")))
+        synced = lambda: int(_metric_sum(url, "kubeddp_jobs_synced_total"))  # noqa: E731
+        yield Running((process.pid,), synced)
     finally:
         dev_cluster.peers.stop(process)
 
@@ -200,13 +211,15 @@ class MPIOperator(Contender):
     def worker_pods(self, name: str, workers: int) -> list[str]:
         return [f"{name}-worker-{i}" for i in range(workers)]
 
+    lists_finishers = True
+
     def pods_per_job(self, workers: int) -> int:
         return workers + 1
 
-    def finisher(self, core: Any, namespace: str, name: str) -> str:
+    def finishers(self, core: Any, namespace: str, name: str) -> list[str]:
         selector = f"training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=launcher"
         pods = core.list_namespaced_pod(namespace, label_selector=selector).items
-        return str(pods[0].metadata.name)
+        return [str(pods[0].metadata.name)]
 
     @contextmanager
     def run(self, kubeconfig: str, namespace: str, scratch: Path) -> Iterator[Running]:
@@ -231,7 +244,7 @@ class MPIOperator(Contender):
         queue = [f"--controller-queue-rate-limit={PEER_QUEUE[0]}",
                  f"--controller-queue-burst={PEER_QUEUE[1]}"]  # fmt: skip
         with mpioperator.running(Path(kubeconfig), namespace, queue) as component:
-            yield Running(component["pid"], synced)
+            yield Running((component["pid"],), synced)
 
 
 class TrainingOperator(Contender):
@@ -250,8 +263,8 @@ class TrainingOperator(Contender):
     def worker_pods(self, name: str, workers: int) -> list[str]:
         return [f"{name}-master-0", *(f"{name}-worker-{i}" for i in range(workers - 1))]
 
-    def finisher(self, core: Any, namespace: str, name: str) -> str:
-        return f"{name}-master-0"
+    def finishers(self, core: Any, namespace: str, name: str) -> list[str]:
+        return [f"{name}-master-0"]
 
     @contextmanager
     def run(self, kubeconfig: str, namespace: str, scratch: Path) -> Iterator[Running]:
@@ -264,10 +277,54 @@ class TrainingOperator(Contender):
         ):
             url = f"http://127.0.0.1:{port}/metrics"
             yield Running(
-                process.pid,
+                (process.pid,),
                 lambda: int(
                     _metric_sum(url, "controller_runtime_reconcile_total", 'result="success"')
                 ),
+            )
+
+
+class TrainerV2(Contender):
+    key, title = "trainer-v2", "Trainer v2 + JobSet"
+    group, version, plural, kind = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
+    lists_finishers = True
+
+    def manifest(self, name: str, workers: int) -> dict[str, Any]:
+        runtime = load_dev_cluster().kubeflow_trainer.RUNTIME
+        return {
+            **self._metadata(name),
+            "spec": {
+                "runtimeRef": {"name": runtime},
+                "trainer": {"numNodes": workers, "image": IMAGE},
+            },
+        }
+
+    def worker_pods(self, name: str, workers: int) -> list[str]:
+        return [f"{name}-node-0-{i}" for i in range(workers)]
+
+    def pod_key(self, pod: Any) -> str:
+        return str(pod.spec.hostname or pod.metadata.name)  # an Indexed Job's: <job>-<index>
+
+    def finishers(self, core: Any, namespace: str, name: str) -> list[str]:
+        selector = f"jobset.sigs.k8s.io/jobset-name={name}"
+        return [
+            str(p.metadata.name)
+            for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+        ]
+
+    def succeeded(self, job: dict[str, Any]) -> bool:
+        conditions = (job.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Complete" and c["status"] == "True" for c in conditions)
+
+    @contextmanager
+    def run(self, kubeconfig: str, namespace: str, scratch: Path) -> Iterator[Running]:
+        trainer = load_dev_cluster().kubeflow_trainer
+        with trainer.running(Path(kubeconfig), scratch) as running:
+            url = f"http://127.0.0.1:{running.trainer_metrics}/metrics"
+            reconciled = 'controller="trainjob_controller",result="success"'
+            yield Running(
+                running.pids,
+                lambda: int(_metric_sum(url, "controller_runtime_reconcile_total", reconciled)),
             )
 
 
@@ -304,7 +361,7 @@ class Floor(KubeDDP):
 
     @contextmanager
     def run(self, kubeconfig: str, namespace: str, scratch: Path) -> Iterator[Running]:
-        yield Running(os.getpid(), lambda: 0)  # no process of its own: the client's
+        yield Running((os.getpid(),), lambda: 0)  # no process of its own: the client's
 
 
 def _post(client: Any, namespace: str, child: dict[str, Any]) -> None:
@@ -317,5 +374,5 @@ def _post(client: Any, namespace: str, child: dict[str, Any]) -> None:
 
 
 CONTENDERS: dict[str, Contender] = {
-    c.key: c for c in (KubeDDP(), MPIOperator(), TrainingOperator(), Floor())
+    c.key: c for c in (KubeDDP(), MPIOperator(), TrainingOperator(), TrainerV2(), Floor())
 }

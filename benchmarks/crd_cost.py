@@ -111,11 +111,11 @@ def create_batch(
         return time.perf_counter() - started
 
     pid = apiserver_pid()
-    cpu_from, wall_from = cpu_seconds(pid), time.perf_counter()
+    cpu_from, wall_from = cpu_seconds([pid]), time.perf_counter()
     with ThreadPoolExecutor(CLIENTS) as pool:
         latencies = list(pool.map(create, range(jobs)))
     wall = time.perf_counter() - wall_from
-    cpu = cpu_seconds(pid) - cpu_from
+    cpu = cpu_seconds([pid]) - cpu_from
     api.delete_collection_namespaced_custom_object(group_of(variant), VERSION, namespace, PLURAL)
     return {"jobs": jobs, "cpu_s": cpu, "wall_s": wall, "latencies_s": latencies}
 

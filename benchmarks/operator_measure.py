@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -107,12 +107,9 @@ def pod_name(pod: Any) -> str:
     return str(pod.metadata.name)
 
 
-def running_pod(pod: Any) -> str | None:
-    return str(pod.metadata.name) if pod.status.phase == "Running" else None
-
-
-def succeeded_pod(pod: Any) -> str | None:
-    return str(pod.metadata.name) if pod.status.phase == "Succeeded" else None
+def in_phase(phase: str, key: Callable[[Any], str] = pod_name) -> Callable[[Any], str | None]:
+    """A Watcher's key: the pod's `key` once it is in `phase`."""
+    return lambda pod: key(pod) if pod.status.phase == phase else None
 
 
 # --- the API server's request counters -------------------------------------------------------
@@ -185,17 +182,25 @@ def idle_rate(seconds: float) -> dict[RequestKey, float]:
 # --- the process ------------------------------------------------------------------------------
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """The CPU time the processes used so far, together."""
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return total
 
 
-def rss_mib(pid: int, field: str = "VmRSS") -> float:
-    """The process's resident memory now, or its peak with `field="VmHWM"`."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {field}")
+def rss_mib(pids: Iterable[int], field: str = "VmRSS") -> float:
+    """The processes' resident memory now, or their peaks with `field="VmHWM"`, together."""
+    total = 0.0
+    for pid in pids:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        found = [int(line.split()[1]) for line in lines if line.startswith(f"{field}:")]
+        if not found:
+            raise RuntimeError(f"no {field} for pid {pid}")
+        total += found[0] / 1024
+    return total
 
 
 def summary(samples: list[float]) -> dict[str, Any]:
@@ -287,7 +292,7 @@ class Bench:
     def apply(
         self, contender: Contender, namespace: str, jobs: int, workers: int
     ) -> dict[str, Any]:
-        pods = Watcher(self.core.list_namespaced_pod, namespace, key=pod_name)
+        pods = Watcher(self.core.list_namespaced_pod, namespace, key=contender.pod_key)
         samples = []
         try:
             for i in range(-1, jobs):  # job -1 warms the controller up and is not counted
@@ -305,7 +310,7 @@ class Bench:
     def burst(
         self, contender: Contender, namespace: str, jobs: int, workers: int
     ) -> dict[str, Any]:
-        pods = Watcher(self.core.list_namespaced_pod, namespace, key=pod_name)
+        pods = Watcher(self.core.list_namespaced_pod, namespace, key=contender.pod_key)
         names = [f"burst-{i}" for i in range(jobs)]
         wanted = {p for n in names for p in contender.worker_pods(n, workers)}
         try:
@@ -321,7 +326,9 @@ class Bench:
     def run_to_running(
         self, contender: Contender, namespace: str, names: list[str], workers: int
     ) -> None:
-        running = Watcher(self.core.list_namespaced_pod, namespace, key=running_pod)
+        running = Watcher(
+            self.core.list_namespaced_pod, namespace, key=in_phase("Running", contender.pod_key)
+        )
         try:
             self.create_many(contender, namespace, names, workers)
             wanted = {p for n in names for p in contender.worker_pods(n, workers)}
@@ -340,7 +347,7 @@ class Bench:
             namespace,
             lambda job: str(job["metadata"]["name"]) if contender.succeeded(job) else None,
         )
-        pods = Watcher(self.core.list_namespaced_pod, namespace, key=succeeded_pod)
+        pods = Watcher(self.core.list_namespaced_pod, namespace, key=in_phase("Succeeded"))
         client = window.client if window else Counter()
         resource = f"{contender.plural}.{contender.group}"
         try:
@@ -351,14 +358,19 @@ class Bench:
             time.sleep(1)  # let the jobs' Running status writes settle
             finishers = {}
             for name in names:
-                finishers[name] = pod = contender.finisher(self.core, namespace, name)
-                if contender.key == "mpi-operator":
+                finishers[name] = ended = contender.finishers(self.core, namespace, name)
+                if contender.lists_finishers:
                     client[("LIST", "pods")] += 1
                 body = {"metadata": {"annotations": {"sim.kubeddp.io/exit-code": "0"}}}
-                self.core.patch_namespaced_pod(pod, namespace, body)
-                client[("PATCH", "pods")] += 1
+                for pod in ended:
+                    self.core.patch_namespaced_pod(pod, namespace, body)
+                    client[("PATCH", "pods")] += 1
                 finished.wait({name}, timeout=60)
-            samples = [finished.first_seen[n] - pods.first_seen[finishers[n]] for n in names]
+            pods.wait({p for ended in finishers.values() for p in ended}, timeout=60)
+            samples = [
+                finished.first_seen[n] - max(pods.first_seen[p] for p in finishers[n])
+                for n in names
+            ]
             if window:
                 for name in names:
                     self.custom.delete_namespaced_custom_object(
@@ -400,8 +412,8 @@ class Bench:
             time.sleep(5)  # queues drain
             point = {
                 "jobs": jobs,
-                "rss_mib": rss_mib(running.pid),
-                "cpu_s": cpu_seconds(running.pid) - cpu_from,
+                "rss_mib": rss_mib(running.pids),
+                "cpu_s": cpu_seconds(running.pids) - cpu_from,
                 "wall_s": time.monotonic() - start,
             }
             scale.append(point)
@@ -423,15 +435,15 @@ class Bench:
                         raise TimeoutError(f"{running.synced()} of {sizes[0]} jobs re-synced")
                     time.sleep(0.1)
                 resync = time.perf_counter() - start
-                cpu = cpu_seconds(running.pid)
+                cpu = cpu_seconds(running.pids)
                 time.sleep(3)  # what it does right after its last first reconcile
                 requests = window.stop()
                 found["restart"] = {"jobs": sizes[0], "resync_s": resync, "cpu_s": cpu,
-                    "rss_mib": rss_mib(running.pid), "requests": _keyed(requests)}  # fmt: skip
+                    "rss_mib": rss_mib(running.pids), "requests": _keyed(requests)}  # fmt: skip
                 save()
                 print(f"  {contender.key} restart: {resync:.1f} s", flush=True)
                 for before, jobs in itertools.pairwise(sizes):
-                    grow(running, before, jobs, cpu_seconds(running.pid))
+                    grow(running, before, jobs, cpu_seconds(running.pids))
 
 
 def bench_nodes(core: Any, pods: int) -> None:

@@ -130,7 +130,8 @@ def render(results: dict[str, Any], sizes: Sizes, command: str) -> str:
             "workers, ended one at a time)",
             "",
             "The pod whose exit ends the job: kube-ddp's worker 0, the MPIJob's launcher, the",
-            "PyTorchJob's master.",
+            "PyTorchJob's master; a TrainJob's JobSet succeeds when every pod has, so both of its",
+            "pods end, at once, and the time runs from the later one.",
             "",
             *_header("", results),
         ]
@@ -198,7 +199,9 @@ def _scale_section(results: dict[str, Any], scale: dict[str, Any], keys: list[st
         "stay Running on kwok nodes; the controller's resident memory (VmRSS) 5 s after the last",
         "pod ran, and the CPU seconds it used to get there (from its start, which for kube-ddp",
         "includes about a second of Python imports; for the larger size, from the smaller one,",
-        "by the controller restarted in between).",
+        "by the controller restarted in between). Trainer v2 is two controllers, the Trainer and",
+        "JobSet (a TrainJob makes a JobSet, which makes a batch Job): both processes are summed,",
+        "the Job controller's share of the controller manager is not counted for anyone.",
         "",
         *_header("", results),
     ]
@@ -226,9 +229,9 @@ def _scale_section(results: dict[str, Any], scale: dict[str, Any], keys: list[st
         "",
         "The controller stopped (SIGTERM) and started again; time from the new process's start",
         "until it had reconciled every job (kube-ddp: `kubeddp_jobs_synced_total`; MPI Operator:",
-        "distinct jobs in its `Finished syncing job` log lines; Training Operator:",
-        "`controller_runtime_reconcile_total` successes, which counts reconciles, not distinct "
-        "jobs),",
+        "distinct jobs in its `Finished syncing job` log lines; Training Operator and Trainer v2:",
+        "`controller_runtime_reconcile_total` successes (the Trainer's TrainJob controller), which",
+        "counts reconciles, not distinct jobs),",
         "and the API requests of that window (less the idle rate, without a controller).",
         "",
         *_header("", results),

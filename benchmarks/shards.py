@@ -65,7 +65,8 @@ def burst(bench: Bench, layout: str, jobs: int, scratch: Path) -> dict[str, Any]
         watchers = [Watcher(bench.core.list_namespaced_pod, n, key=pod_name) for n in namespaces]
         halves = [[f"burst-{i}" for i in range(jobs) if i % 2 == side] for side in (0, 1)]
         wanted = [{p for n in half for p in contender.worker_pods(n, WORKERS)} for half in halves]
-        cpu_from = sum(cpu_seconds(o.pid) for o in operators)
+        pids = [pid for operator in operators for pid in operator.pids]
+        cpu_from = cpu_seconds(pids)
         try:
             start = time.perf_counter()
             with ThreadPoolExecutor(2) as pool:  # both halves at once, 8 clients each
@@ -79,8 +80,8 @@ def burst(bench: Bench, layout: str, jobs: int, scratch: Path) -> dict[str, Any]
                 watcher.wait(pods, timeout=1800)
             seen = [w.first_seen[p] for w, pods in zip(watchers, wanted, strict=True) for p in pods]
             total = max(seen) - start
-            cpu = sum(cpu_seconds(o.pid) for o in operators) - cpu_from
-            rss = sum(rss_mib(o.pid, "VmHWM") for o in operators)
+            cpu = cpu_seconds(pids) - cpu_from
+            rss = rss_mib(pids, "VmHWM")
         finally:
             for watcher in watchers:
                 watcher.stop()
