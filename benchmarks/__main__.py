@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peers",
         action="store_true",
-        help="operator: Kubeflow's MPI Operator and Training Operator side by side with kube-ddp",
+        help="operator: Kubeflow's MPI Operator, Training Operator and Trainer v2 beside kube-ddp",
     )
     parser.add_argument("--quick", action="store_true", help="smaller runs, to try the code")
     parser.add_argument("--no-write", action="store_true", help=f"do not update {DOCUMENT.name}")

@@ -56,7 +56,7 @@ PYTORCHJOB_CRD_FILE = "./manifests/base/crds/kubeflow.org_pytorchjobs.yaml"  # i
 TRAINER_VERSION = "v2.3.0"
 TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
 TRAINER_CRDS = ("trainjobs", "trainingruntimes", "clustertrainingruntimes")
-TRAINER_RUNTIME_FILE = "manifests/base/runtimes/torch_distributed.yaml"
+TRAINER_RUNTIME_FILE = "./manifests/base/runtimes/torch_distributed.yaml"  # in the module
 JOBSET_VERSION = "v0.12.0"
 JOBSET_MODULE = "sigs.k8s.io/jobset"
 JOBSET_CRD_FILE = "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
@@ -275,8 +275,8 @@ ADDONS = (
         version=TRAINER_VERSION,
         packages={"trainer-controller-manager": f"{TRAINER_MODULE}/cmd/trainer-controller-manager"},
         module_files=(
-            *(f"manifests/base/crds/trainer.kubeflow.org_{crd}.yaml" for crd in TRAINER_CRDS),
-            "manifests/base/webhook/manifests.yaml",
+            *(f"./manifests/base/crds/trainer.kubeflow.org_{crd}.yaml" for crd in TRAINER_CRDS),
+            "./manifests/base/webhook/manifests.yaml",
             TRAINER_RUNTIME_FILE,
         ),
     ),

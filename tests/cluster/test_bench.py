@@ -1,6 +1,6 @@
 """The operator benchmark (`make bench`) runs end to end on a tiny size, with Kubeflow's MPI
-Operator and Training Operator built and run beside kube-ddp. No figure is checked against a
-goal: speed is for the benchmark, not for tests."""
+Operator, Training Operator and Trainer v2 (with JobSet) built and run beside kube-ddp. No
+figure is checked against a goal: speed is for the benchmark, not for tests."""
 
 from __future__ import annotations
 
@@ -39,6 +39,15 @@ def test_operator_benchmark_runs_with_the_peers(cluster: Cluster, tmp_path: Path
     for title in results["contenders"].values():
         assert title in text
     assert (tmp_path / "results.json").is_file()
+    # Trainer v2 is two controllers: its scale figures are both processes'.
+    assert results["scale"]["trainer-v2"]["scale"][0]["rss_mib"] > 0
+    # Its webhooks went with it: none is left to refuse a TrainJob, a JobSet or its pods.
+    trainer = load_dev_cluster().kubeflow_trainer
+    registered = cluster.kubectl(
+        "get", "mutatingwebhookconfigurations,validatingwebhookconfigurations", "-o", "name"
+    ).stdout
+    for name in (*trainer.JOBSET_WEBHOOKS.values(), *trainer.TRAINER_WEBHOOKS.values()):
+        assert name not in registered
 
 
 def test_the_crd_cost_benchmark_runs(cluster: Cluster) -> None:
