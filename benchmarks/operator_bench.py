@@ -19,6 +19,7 @@ Times are taken by the client from watch events (time.perf_counter).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -52,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contender", action="append", choices=list(CONTENDERS))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
+        "--scale-jobs",
+        type=int,
+        action="append",
+        metavar="N",
+        help="the scale stage's sizes (default: 1,000 for all and 10,000 for kube-ddp)",
+    )
+    parser.add_argument("--note", help="a sentence for the section, on where figures come from")
+    parser.add_argument(
         "--render",
         type=Path,
         metavar="RESULTS",
@@ -68,9 +77,14 @@ def main(argv: list[str] | None = None) -> int:
         replace_section(DOCUMENT, "operator", render(results, sizes, results["command"]))
         return 0
     sizes = QUICK if args.quick else Sizes()
+    if args.scale_jobs:
+        upto = min(sizes.scale_peers_upto, max(args.scale_jobs))
+        sizes = dataclasses.replace(sizes, scale_jobs=tuple(args.scale_jobs), scale_peers_upto=upto)
     chosen = [CONTENDERS[k] for k in args.contender or CONTENDERS]
     results = measure(args.out, sizes, chosen, tuple(args.stage or STAGES))
     results["command"] = "python -m benchmarks.operator_bench " + " ".join(argv or sys.argv[1:])
+    if args.note:
+        results["note"] = args.note
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print(render(results, sizes, results["command"]))
     return 0
