@@ -9,6 +9,7 @@ CACHE_DIR ?= $(HOME)/.cache/kube-ddp
 UV_VERSION := 0.13.8
 UV_HOME := $(CACHE_DIR)/uv-$(UV_VERSION)
 UV := $(UV_HOME)/bin/uv
+export UV  # the benchmarks install the operator as its image does (benchmarks/contenders.py)
 export UV_CACHE_DIR ?= $(CACHE_DIR)/uv-cache
 export KUBEDDP_CACHE_DIR ?= $(CACHE_DIR)
 export UV_PYTHON_DOWNLOADS := never

@@ -34,9 +34,11 @@ import functools
 import importlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
@@ -53,7 +55,7 @@ from kube_ddp.jobfile import load_job
 from kube_ddp.kube import collection_path
 from tests.cluster.support import load_dev_cluster
 
-KUBE_DDP = Path(sys.executable).with_name("kube-ddp")
+REPO = Path(__file__).resolve().parents[1]
 IMAGE = "registry.invalid/bench:never-pulled"  # kwok runs no container
 PEER_QPS = ("50", "100")  # requests/s and burst, as hack/devcluster/mpioperator.py runs it
 PEER_WORKERS = "4"
@@ -167,13 +169,40 @@ class KubeDDP(Contender):
             yield running
 
 
+@functools.cache
+def operator_environment() -> Path:
+    """`kube-ddp` in a virtual environment made as the operator image makes its own (Dockerfile:
+    the operator's dependencies, then both packages without theirs), at the versions of
+    uv.lock, from this clone, once per process. Not the dev .venv's: kopf imports the
+    `kubernetes` client wherever one is installed, and the image has none (12 MiB and 0.2 s of
+    CPU more in every operator)."""
+    uv = os.environ.get("UV") or shutil.which("uv")  # `make` and `uv run` set UV
+    if uv is None:
+        raise RuntimeError("uv not found: run the benchmark through make or `uv run`")
+    venv = REPO / ".bench" / "operator-venv"
+    python = ["--python", str(venv / "bin" / "python")]
+    locked = REPO / ".bench" / "operator-locked.txt"
+    project = tomllib.loads((REPO / "operator" / "pyproject.toml").read_text())["project"]
+    dependencies = [d for d in project["dependencies"] if not d.startswith("ddp-trainer")]
+    for command in (
+        ["venv", "--quiet", "--clear", "--python", sys.executable, str(venv)],
+        ["export", "--quiet", "--frozen", "--package", "kube-ddp", "--no-dev",
+         "--no-emit-workspace", "--no-hashes", f"--output-file={locked}"],
+        ["pip", "install", "--quiet", *python, f"--constraint={locked}", *dependencies],
+        ["pip", "install", "--quiet", "--no-deps", *python,
+         str(REPO / "trainer_image"), str(REPO / "operator")],
+    ):  # fmt: skip
+        subprocess.run([uv, *command], check=True, cwd=REPO)
+    return venv / "bin" / "kube-ddp"
+
+
 @contextmanager
 def kube_ddp_operator(kubeconfig: str, namespaces: list[str], log: Path) -> Iterator[Running]:
     """`kube-ddp operator` watching `namespaces`, once ready; its output in `log`."""
     dev_cluster = load_dev_cluster()
     health, metrics = dev_cluster.free_port(), dev_cluster.free_port()
     command = [
-        str(KUBE_DDP), "operator", f"--kubeconfig={kubeconfig}",
+        str(operator_environment()), "operator", f"--kubeconfig={kubeconfig}",
         *(f"--namespace={namespace}" for namespace in namespaces),
         f"--health-port={health}", f"--metrics-port={metrics}", "--log-format=plain",
     ]  # fmt: skip
