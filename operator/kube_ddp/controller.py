@@ -60,6 +60,7 @@ from kube_ddp.status import (
     classify,
     decide,
     most_decisive,
+    node_lost,
     refuse,
     reject,
 )
@@ -189,8 +190,10 @@ class Controller:
     # whatever events arrive (deleting the refused group's pods makes a burst of them).
     held_until: dict[Key, float] = field(default_factory=dict)
     # Workers deleted just after they exited with the preempted code (a drain's eviction: the
-    # kubelet removes the pod once its container ended), kept for the next reconcile, which
-    # may run after both events: gone from the index, the worker would read as vanished.
+    # kubelet removes the pod once its container ended) or after their node was taken for lost
+    # (evicted from a node that stopped reporting, then removed by whatever answers for it),
+    # kept for the next reconcile, which may run after both events: gone from the index, the
+    # worker would read as vanished, and its failure say less than its last look did.
     last_words: dict[Key, dict[str, PodView]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -219,7 +222,8 @@ class Controller:
         self.last_words.pop(key, None)
 
     def pod_deleted(self, key: Key, pod: PodView) -> None:
-        if pod.phase == "Failed" and pod.exit_code == names.EXIT_PREEMPTED:
+        preempted = pod.phase == "Failed" and pod.exit_code == names.EXIT_PREEMPTED
+        if preempted or node_lost(pod) is not None:
             self.last_words.setdefault(key, {})[pod.name] = pod
 
     def pod_changed(self, key: Key, pod_name: str, window: float) -> None:

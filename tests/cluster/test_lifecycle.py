@@ -272,12 +272,14 @@ SILENT_JOBS = 10
 def test_a_node_that_stops_reporting_restarts_its_jobs_elsewhere(
     cluster: Cluster, jobs: Jobs, operator: OperatorProcess
 ) -> None:
-    """A fake node of this test's own stops reporting under 10 running jobs: kwok lets go of it
-    (no status, no kubelet to confirm a deletion) and its Lease is held by a holder that never
-    renews it (kwok leaves a Lease alone that another holds). The node controller marks its pods not
-    ready and taints it unreachable, the taint manager evicts them (5 s toleration), and they
-    stay Terminating: every job restarts with NodeLost naming the node, its pods are
-    force-deleted 30 s past their grace period, and the next attempt runs on the node left."""
+    """A fake node of this test's own stops reporting under 10 running jobs: kwok stops its
+    status and its Lease is held by a holder that never renews it (kwok leaves a Lease alone
+    that another holds). The node controller marks its pods not ready and taints it
+    unreachable, the taint manager evicts them (5 s toleration). kwok, whose cache keeps the
+    node, then deletes the evicted pods at once, often before the operator's reconcile (a real
+    node's would stay Terminating until the operator force-deletes them, 30 s past their grace
+    period): either way every job restarts with NodeLost naming the node, and the next attempt
+    runs on the node left."""
     suffix = jobs.namespace[-6:]
     label = {"kubeddp.io/test-node": suffix}
     silent, spare = f"silent-{suffix}", f"spare-{suffix}"

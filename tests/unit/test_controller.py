@@ -289,6 +289,30 @@ def test_a_worker_deleted_right_after_it_saved_is_a_preemption_not_a_vanished_on
     assert status["replacing"] == [1]
 
 
+def test_a_worker_of_a_lost_node_deleted_before_the_reconcile_names_the_node() -> None:
+    """The taint manager evicts the pods of a node that stopped reporting, and the pod may be
+    gone (something removed it: a node agent coming back, the pod garbage collector) before
+    the reconcile sees it, its peer not evicted yet: its last look names the node, not a
+    vanished pod."""
+    lost = {
+        "deleting": True,
+        "reason": "DeletionByTaintManager",
+        "unready_since": "2026-11-22T11:59:00Z",
+        "node": "silent-node",
+    }
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        controller.queue.add = lambda key, after=0.0: None  # type: ignore[method-assign]
+        start(fake, controller, job_body(RUNNING), [pod(1)])
+        controller.pod_deleted(KEY, pod(0, **lost))
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    [status] = written_statuses(fake)
+    assert status["failure"]["reason"] == "NodeLost", status["failure"]
+    assert status["failure"]["message"].startswith("node silent-node stopped reporting")
+
+
 def test_after_last_words_the_job_is_looked_at_again_and_the_worker_replaced() -> None:
     """The last words stand for a pod already gone, once: the reconcile that used them queues
     another at once, which finds the name free and creates the successor (no event would

@@ -28,6 +28,7 @@ from kube_ddp.status.draft import (
     Event,
     SuspendMPIJob,
 )
+from kube_ddp.status.failures import node_lost
 from kube_ddp.status.lifecycle import FINISHED, UNDER_WAY
 from kube_ddp.status.mpi import decide_mpi
 from kube_ddp.status.refusals import Refusal, classify, most_decisive, refuse
@@ -51,6 +52,7 @@ __all__ = [
     "classify",
     "decide",
     "most_decisive",
+    "node_lost",
     "refuse",
     "reject",
 ]
