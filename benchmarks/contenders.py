@@ -56,6 +56,7 @@ from kube_ddp.kube import collection_path
 from tests.cluster.support import load_dev_cluster
 
 REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / ".bench"  # results and scratch, git-ignored
 IMAGE = "registry.invalid/bench:never-pulled"  # kwok runs no container
 PEER_QPS = ("50", "100")  # requests/s and burst, as hack/devcluster/mpioperator.py runs it
 PEER_WORKERS = "4"
@@ -179,9 +180,9 @@ def operator_environment() -> Path:
     uv = os.environ.get("UV") or shutil.which("uv")  # `make` and `uv run` set UV
     if uv is None:
         raise RuntimeError("uv not found: run the benchmark through make or `uv run`")
-    venv = REPO / ".bench" / "operator-venv"
+    venv = OUT / "operator-venv"
     python = ["--python", str(venv / "bin" / "python")]
-    locked = REPO / ".bench" / "operator-locked.txt"
+    locked = OUT / "operator-locked.txt"
     project = tomllib.loads((REPO / "operator" / "pyproject.toml").read_text())["project"]
     dependencies = [d for d in project["dependencies"] if not d.startswith("ddp-trainer")]
     for command in (
@@ -214,8 +215,7 @@ def kube_ddp_operator(kubeconfig: str, namespaces: list[str], log: Path) -> Iter
         ready = functools.partial(processes.is_healthy, readyz)
         processes.wait_until(readyz, ready, 120, {log.stem: process}, log.parent)
         url = f"http://127.0.0.1:{metrics}/metrics"
-        synced = lambda: int(_metric_sum(url, "kubeddp_jobs_synced_total"))  # noqa: E731
-        yield Running((process.pid,), synced)
+        yield Running((process.pid,), lambda: int(_metric_sum(url, "kubeddp_jobs_synced_total")))
     finally:
         dev_cluster.peers.stop(process)
 

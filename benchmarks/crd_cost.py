@@ -29,7 +29,8 @@ from typing import Any
 import kubernetes
 import yaml
 
-from benchmarks.operator_measure import OUT, cpu_seconds
+from benchmarks.contenders import OUT
+from benchmarks.operator_measure import cpu_seconds
 from benchmarks.trainer import machine_line
 from tests.cluster.support import Cluster, fresh_namespace, load_dev_cluster
 

@@ -24,9 +24,9 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.contenders import CONTENDERS
+from benchmarks.contenders import CONTENDERS, OUT
 from benchmarks.markdown import replace_section
-from benchmarks.operator_measure import OUT, QUICK, STAGES, Sizes, measure
+from benchmarks.operator_measure import QUICK, STAGES, Sizes, measure
 from benchmarks.operator_plots import plot
 from benchmarks.operator_report import DOCUMENT, render
 

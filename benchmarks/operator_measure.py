@@ -22,12 +22,9 @@ from typing import Any
 
 import kubernetes
 
-from benchmarks.contenders import STAGES, Contender, Running, devcluster_processes
+from benchmarks.contenders import REPO, STAGES, Contender, Running, devcluster_processes
 from kube_ddp.names import GROUP, PLURAL
 from tests.cluster.support import load_dev_cluster
-
-REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / ".bench"
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,9 @@ from typing import Any
 
 import kubernetes
 
-from benchmarks.contenders import CONTENDERS
+from benchmarks.contenders import CONTENDERS, OUT
 from benchmarks.markdown import replace_section
-from benchmarks.operator_measure import OUT, apply_our_crd
+from benchmarks.operator_measure import apply_our_crd
 from benchmarks.trainer import cpu_count, cpu_description
 from ddp_trainer.contract import HEARTBEAT_ENV
 from ddp_trainer.options import TrainerOptions, to_argv

@@ -24,9 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.contenders import KubeDDP, kube_ddp_operator
+from benchmarks.contenders import OUT, KubeDDP, kube_ddp_operator
 from benchmarks.operator_measure import (
-    OUT,
     Bench,
     Watcher,
     apply_our_crd,
