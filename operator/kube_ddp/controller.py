@@ -459,6 +459,8 @@ class Controller:
                 self.jobs.offer(key, updated)
                 metrics.observe_transition(body, before, decision.status)
         stamp = utcnow()
+        for e in decision.events:  # the operator's log tells the story its Events tell
+            log.info("%s/%s: %s %s: %s", namespace, name, e.type, e.reason, e.message)
         await asyncio.gather(
             *(
                 self.kube.create(build_event(body, e.type, e.reason, e.message, stamp))

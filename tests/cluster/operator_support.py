@@ -45,6 +45,17 @@ class OperatorProcess(ChildProcess):
             )
 
 
+def namespace_story(cluster: Cluster, namespace: str) -> str:
+    """What a failed test's reader wants next to the operator's log: the namespace's Events
+    (ours, the scheduler's, the taint manager's...) and where its pods stand."""
+    events = cluster.kubectl(
+        "get", "events", f"--namespace={namespace}", "--sort-by=.lastTimestamp", check=False
+    )
+    pods = cluster.kubectl("get", "pods", f"--namespace={namespace}", "--output=wide", check=False)
+    story = f"{events.stdout}{events.stderr}"[-6000:]
+    return f"---- events ----\n{story}\n---- pods ----\n{pods.stdout}{pods.stderr}"[-9000:]
+
+
 @contextmanager
 def running_operator(
     cluster: Cluster, namespace: str, log_dir: Path, *extra_args: str
@@ -57,6 +68,7 @@ def running_operator(
         operator.stop()
         # pytest shows a test's captured output only when it fails: then this log is there.
         print("---- operator log ----\n" + operator.log()[-6000:])
+        print(namespace_story(cluster, namespace))
 
 
 def job_manifest(name: str, **spec: Any) -> dict[str, Any]:
