@@ -4,12 +4,19 @@ end (tests/host_tools.py says why)."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from tests.host_tools import CommandLog, install_for, unlisted
 
 COMMANDS = CommandLog()
 COMMANDS.install()
+
+# A session started in the background of a non-interactive shell inherits SIGINT ignored, and
+# so would every `kube-ddp run --local` it starts: the tests' Ctrl-C would reach none of them.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
