@@ -131,8 +131,11 @@ class Contender:
         return workers
 
     def succeeded(self, job: dict[str, Any]) -> bool:
-        conditions = (job.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Succeeded" and c["status"] == "True" for c in conditions)
+        return _condition_true(job, "Succeeded")
+
+    def says_running(self, job: dict[str, Any]) -> bool:
+        """Whether the job's own status says its workers run (the controller caught up)."""
+        return _condition_true(job, "Running")
 
     def run(
         self, kubeconfig: str, namespace: str, scratch: Path
@@ -142,6 +145,11 @@ class Contender:
     def _metadata(self, name: str) -> dict[str, Any]:
         return {"apiVersion": f"{self.group}/{self.version}", "kind": self.kind,
                 "metadata": {"name": name}}  # fmt: skip
+
+
+def _condition_true(job: dict[str, Any], kind: str) -> bool:
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return any(c["type"] == kind and c["status"] == "True" for c in conditions)
 
 
 def _container(name: str) -> dict[str, Any]:
@@ -163,6 +171,9 @@ class KubeDDP(Contender):
 
     def succeeded(self, job: dict[str, Any]) -> bool:
         return (job.get("status") or {}).get("phase") == "Succeeded"
+
+    def says_running(self, job: dict[str, Any]) -> bool:
+        return (job.get("status") or {}).get("phase") == "Running"
 
     @contextmanager
     def run(self, kubeconfig: str, namespace: str, scratch: Path) -> Iterator[Running]:
@@ -342,8 +353,12 @@ class TrainerV2(Contender):
         ]
 
     def succeeded(self, job: dict[str, Any]) -> bool:
-        conditions = (job.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Complete" and c["status"] == "True" for c in conditions)
+        return _condition_true(job, "Complete")
+
+    def says_running(self, job: dict[str, Any]) -> bool:
+        # No Running condition: each replicated Job's count of ready Jobs (one per job here).
+        jobs = (job.get("status") or {}).get("jobsStatus") or []
+        return bool(jobs) and all((j.get("ready") or 0) >= 1 for j in jobs)
 
     @contextmanager
     def run(self, kubeconfig: str, namespace: str, scratch: Path) -> Iterator[Running]:

@@ -321,17 +321,35 @@ class Bench:
         return {"jobs": jobs, "pods": len(wanted), "create_calls_s": created, "all_pods_s": total}
 
     def run_to_running(
-        self, contender: Contender, namespace: str, names: list[str], workers: int
+        self,
+        contender: Contender,
+        namespace: str,
+        names: list[str],
+        workers: int,
+        statuses: bool = False,
     ) -> None:
+        """Create jobs `names` and wait until their pods run; with `statuses`, until each
+        job's own status says so too (the controller has digested every pod event)."""
         running = Watcher(
             self.core.list_namespaced_pod, namespace, key=in_phase("Running", contender.pod_key)
         )
+        said = None
+        if statuses:
+            said = self.job_watcher(
+                contender,
+                namespace,
+                lambda job: str(job["metadata"]["name"]) if contender.says_running(job) else None,
+            )
         try:
             self.create_many(contender, namespace, names, workers)
             wanted = {p for n in names for p in contender.worker_pods(n, workers)}
             running.wait(wanted, timeout=3600)
+            if said is not None:
+                said.wait(set(names), timeout=3600)
         finally:
             running.stop()
+            if said is not None:
+                said.stop()
 
     def completion(
         self, contender: Contender, namespace: str, jobs: int, window: RequestWindow | None = None
@@ -405,7 +423,7 @@ class Bench:
         def grow(running: Running, created: int, jobs: int, cpu_from: float) -> None:
             names = [f"s-{i}" for i in range(created, jobs)]
             start = time.monotonic()
-            self.run_to_running(contender, namespace, names, 1)
+            self.run_to_running(contender, namespace, names, 1, statuses=True)
             time.sleep(5)  # queues drain
             point = {
                 "jobs": jobs,
