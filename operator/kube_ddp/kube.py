@@ -9,12 +9,12 @@ classes, most of an operator's memory) is loaded.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable, Sequence
 
 import aiohttp
 import kopf
+import orjson
 
 from kube_ddp import gang, kueue, names
 from kube_ddp.api import Obj
@@ -150,19 +150,20 @@ class Kube:
         for attempt in (1, 2):
             session = self._session or self._open()
             headers = {"Content-Type": content_type or "application/json"}
-            data = json.dumps(body) if body is not None else None
+            data = orjson.dumps(body) if body is not None else None
             async with session.request(
                 method, self._server + path, data=data, headers=headers
             ) as response:
-                text = await response.text()
+                raw = await response.read()
                 if not 200 <= response.status <= 299:
+                    text = raw.decode(errors="replace")
                     error = api_error(response.status, _message(text, response.reason))
                     if isinstance(error, UnauthorizedError) and attempt == 1:
                         await session.close()
                         self._session = None
                         continue
                     raise error
-                return dict(json.loads(text)) if text else {}
+                return dict(orjson.loads(raw)) if raw else {}
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def create(self, obj: Obj, dry_run: bool = False) -> bool:
@@ -235,6 +236,6 @@ class Kube:
 
 def _message(text: str, reason: str | None) -> str:
     try:
-        return str(json.loads(text)["message"])
+        return str(orjson.loads(text)["message"])
     except (ValueError, KeyError, TypeError):
         return text.strip() or str(reason)
