@@ -10,10 +10,13 @@
   replacements below notify only then, which no waiter can tell apart except by its speed.
 
 `apply()` is called from the operator's startup handler, before the first watch. A test pins
-the kopf code these replace (tests/unit/test_kopf_speedups.py): an upgrade must look again.
+the kopf version these were written against (tests/unit/test_kopf_speedups.py): an upgrade
+must look again.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 import kopf._cogs.clients.api as kopf_api
 import orjson
@@ -26,30 +29,27 @@ class OrjsonCodec:
     loads = staticmethod(orjson.loads)
 
 
+async def _change(toggles: ToggleSet, change: Callable[[], object]) -> None:
+    """`change` the set's members; wake its waiters only if that flipped the set's state."""
+    async with toggles._condition:
+        was = toggles.is_on()
+        change()
+        if toggles.is_on() != was:
+            toggles._condition.notify_all()
+
+
 async def _make_toggle(self: ToggleSet, __val: bool = False, *, name: str | None = None) -> Toggle:
     toggle = Toggle(__val, name=name, condition=self._condition)
-    async with self._condition:
-        was = self.is_on()
-        self._toggles.add(toggle)
-        if self.is_on() != was:
-            self._condition.notify_all()
+    await _change(self, lambda: self._toggles.add(toggle))
     return toggle
 
 
 async def _drop_toggle(self: ToggleSet, toggle: Toggle) -> None:
-    async with self._condition:
-        was = self.is_on()
-        self._toggles.discard(toggle)
-        if self.is_on() != was:
-            self._condition.notify_all()
+    await _change(self, lambda: self._toggles.discard(toggle))
 
 
-async def _drop_toggles(self: ToggleSet, toggles: object) -> None:
-    async with self._condition:
-        was = self.is_on()
-        self._toggles.difference_update(toggles)  # type: ignore[arg-type]
-        if self.is_on() != was:
-            self._condition.notify_all()
+async def _drop_toggles(self: ToggleSet, toggles: Iterable[Toggle]) -> None:
+    await _change(self, lambda: self._toggles.difference_update(toggles))
 
 
 def apply() -> None:
