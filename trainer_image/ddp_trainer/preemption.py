@@ -34,6 +34,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from ddp_trainer.contract import EXIT_PREEMPTED
+from ddp_trainer.errors import end_process
 
 
 class Preemption:
@@ -140,14 +141,15 @@ class Preemption:
         return self._group
 
     def exit(self) -> NoReturn:
-        """Every rank waits for the others (rank 0's save among them), then exits 86."""
+        """Every rank waits for the others (rank 0's save among them), then exits 86, as
+        `end_process` ends: a script's DDP model still holds the group, and gloo could turn
+        the interpreter's teardown into SIGABRT's 134 (a failure, not a preemption)."""
         dist = _distributed()
         if dist.is_initialized():
             self.close()
             dist.barrier(group=self._cpu_group(dist))
             dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.exit(EXIT_PREEMPTED)
+        end_process(EXIT_PREEMPTED)
 
 
 def _distributed() -> Any:
