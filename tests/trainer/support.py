@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import pickle
 import re
+import select
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -170,8 +174,14 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd: Path | None 
 
 
 def start(command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """In a session of its own: `finish` kills what it started (torchrun's ranks too)."""
     return subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
 
 
@@ -179,8 +189,38 @@ def finish(process: subprocess.Popen[str]) -> Run:
     try:
         stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
     finally:
-        process.kill()
+        _kill_group(process)
     return Run(process.returncode, stdout, stderr)
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the whole group has exited
+        os.killpg(process.pid, signal.SIGKILL)
+    process.kill()
+
+
+def wait_for_output(process: subprocess.Popen[str], pattern: str) -> re.Match[str]:
+    """Reads `process`'s stdout until `pattern` is found in it, anywhere: ranks share the pipe,
+    and a `print` is two writes, so one rank's line can land inside another's. Past
+    RUN_TIMEOUT_S, or at the end of the output, the group is killed and the test fails with
+    what it printed. What was read is gone from the pipe (and from `finish`'s Run)."""
+    assert process.stdout is not None
+    descriptor = process.stdout.fileno()
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    seen = b""
+    while (found := re.search(pattern, seen.decode(errors="replace"))) is None:
+        ready, _, _ = select.select([descriptor], [], [], max(deadline - time.monotonic(), 0))
+        chunk = os.read(descriptor, 65536) if ready else b""
+        if not chunk:
+            _kill_group(process)
+            stderr = process.communicate(timeout=RUN_TIMEOUT_S)[1]
+            why = "timed out" if not ready else f"ended ({process.returncode})"
+            raise AssertionError(
+                f"{pattern!r} not in the output, {why}\nstdout: {seen.decode()[-2000:]}"
+                f"\nstderr: {stderr[-4000:]}"
+            )
+        seen += chunk
+    return found
 
 
 def summary(path: Path) -> dict[str, Any]:

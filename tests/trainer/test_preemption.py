@@ -163,10 +163,7 @@ def test_a_plain_pytorch_script_with_the_helper_saves_and_exits_86(tmp_path: Pat
         str(OWN_SCRIPT), "--epochs=10000", f"--checkpoint-dir={checkpoints}"
     )
     process = support.start(command, support.clean_env())
-    assert process.stdout is not None
-    for line in process.stdout:
-        if line.startswith("rank 0 of 2"):
-            break
+    support.wait_for_output(process, "rank 0 of 2")
     time.sleep(2)
     process.send_signal(signal.SIGTERM)
     run = support.finish(process)
@@ -178,11 +175,8 @@ def test_a_plain_pytorch_script_with_the_helper_saves_and_exits_86(tmp_path: Pat
     assert state["step"] == step
 
     again = support.start(command, support.clean_env())
-    assert again.stdout is not None
-    for line in again.stdout:
-        if line.startswith("rank 0 resuming"):
-            break
+    resuming = support.wait_for_output(again, r"rank 0 resuming after step (\d+)\n")
     again.send_signal(signal.SIGTERM)
     resumed = support.finish(again)
     assert resumed.returncode == EXIT_PREEMPTED, resumed.stderr[-2000:]
-    assert line.strip() == f"rank 0 resuming after step {step}"
+    assert int(resuming[1]) == step
