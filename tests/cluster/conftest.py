@@ -19,7 +19,12 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.helm_support import Helm, helm_binary
-from tests.cluster.operator_support import Jobs, OperatorProcess, running_operator
+from tests.cluster.operator_support import (
+    Jobs,
+    OperatorProcess,
+    namespace_story,
+    running_operator,
+)
 from tests.cluster.support import IN_CI, Cluster, fresh_namespace, load_dev_cluster
 
 HERE = Path(__file__).resolve().parent
@@ -29,6 +34,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(HERE):
             item.add_marker(pytest.mark.cluster)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report gets its namespace's Events and pods (two kubectl calls a
+    passing test does not pay for), read before the namespace fixture deletes them."""
+    outcome = yield
+    report = outcome.get_result()
+    arguments = getattr(item, "funcargs", {})
+    if report.when == "call" and report.failed and {"cluster", "namespace"} <= arguments.keys():
+        story = namespace_story(arguments["cluster"], arguments["namespace"])
+        report.sections.append(("namespace events and pods", story))
 
 
 BUILD_ERRORS: list[str] = []

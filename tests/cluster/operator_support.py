@@ -47,7 +47,8 @@ class OperatorProcess(ChildProcess):
 
 def namespace_story(cluster: Cluster, namespace: str) -> str:
     """What a failed test's reader wants next to the operator's log: the namespace's Events
-    (ours, the scheduler's, the taint manager's...) and where its pods stand."""
+    (ours, the scheduler's, the taint manager's...) and where its pods stand. The cluster
+    tier's conftest adds it to the report of a test that failed, while the namespace lives."""
     events = cluster.kubectl(
         "get", "events", f"--namespace={namespace}", "--sort-by=.lastTimestamp", check=False
     )
@@ -68,7 +69,6 @@ def running_operator(
         operator.stop()
         # pytest shows a test's captured output only when it fails: then this log is there.
         print("---- operator log ----\n" + operator.log()[-6000:])
-        print(namespace_story(cluster, namespace))
 
 
 def job_manifest(name: str, **spec: Any) -> dict[str, Any]:
