@@ -154,7 +154,7 @@ class JobCache:
     def offer(self, key: Key, body: dict[str, Any]) -> None:
         known = self._bodies.get(key)
         if known is None or _resource_version(body) >= _resource_version(known):
-            self._bodies[key] = body
+            self._bodies[key] = _without_managed_fields(body)
 
     def get(self, key: Key) -> dict[str, Any] | None:
         return self._bodies.get(key)
@@ -164,6 +164,16 @@ class JobCache:
 
     def bodies(self) -> list[dict[str, Any]]:
         return list(self._bodies.values())
+
+
+def _without_managed_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` less metadata.managedFields, which nothing here reads: the API server's record
+    of who set which field, most of a job's objects once its status has been written."""
+    metadata = body.get("metadata") or {}
+    if "managedFields" not in metadata:
+        return body
+    kept = {name: value for name, value in metadata.items() if name != "managedFields"}
+    return {**body, "metadata": kept}
 
 
 @dataclass

@@ -201,6 +201,16 @@ def test_the_job_cache_keeps_the_newest_resource_version() -> None:
     assert cache.get(KEY)["metadata"]["resourceVersion"] == "12"
 
 
+def test_the_job_cache_keeps_no_managed_fields() -> None:
+    cache, body = JobCache(), job_body(resource_version=11)
+    body["metadata"]["managedFields"] = [{"manager": "kube-ddp", "fieldsV1": {"f:status": {}}}]
+    cache.offer(KEY, body)
+    assert "managedFields" not in cache.get(KEY)["metadata"]
+    assert cache.get(KEY)["metadata"]["resourceVersion"] == "11"
+    assert cache.get(KEY)["spec"] == body["spec"]
+    assert "managedFields" in body["metadata"]  # the caller's body is left as it was
+
+
 @pytest.mark.parametrize("status", [400, 422], ids=["bad request", "unprocessable"])
 def test_pods_the_server_refuses_fail_the_job_with_its_message(status: int) -> None:
     message = 'Pod "bar-worker-0" is invalid: spec.volumes[0].name: Required value'
