@@ -30,6 +30,7 @@ from kube_ddp.local.plan import (
     Machine,
     Overrides,
     fit_job,
+    free_port,
     visible_gpus,
     worker_launches,
 )
@@ -58,6 +59,14 @@ def test_a_cpu_job_fits_on_a_free_port() -> None:
         fitted = fit_job(job, Overrides(), CPU_ONLY)
     assert fitted.spec.port != port
     assert fitted.spec.model_copy(update={"port": port}) == job.spec
+
+
+def test_the_rendezvous_port_is_below_the_ephemeral_range() -> None:
+    """No outgoing connection (a rank's own connect to it included) can take it."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(20000 <= port < ephemeral_low for port in ports), ports
+    assert len(ports) > 1  # a random start: two runs at once rarely pick the same
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,10 @@ environment's), and the trainer reports progress to the runner instead of the AP
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -79,9 +81,33 @@ def visible_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def free_port() -> int:
+    """A port free now, below the kernel's ephemeral range where it can: one in that range
+    can be taken between two attempts by any outgoing connection, the next attempt's own
+    ranks retrying their connect to it included (a TCP connect to a local port nothing
+    listens on can connect to itself), and its rank 0 then cannot listen there."""
+    ephemeral = _ephemeral_low()
+    if ephemeral > _LOWEST_PORT:
+        first = random.randrange(_LOWEST_PORT, ephemeral)  # two runs at once rarely collide
+        for port in itertools.chain(range(first, ephemeral), range(_LOWEST_PORT, first)):
+            with socket.socket() as sock:
+                try:
+                    sock.bind((LOCALHOST, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as sock:
         sock.bind((LOCALHOST, 0))
         return int(sock.getsockname()[1])
+
+
+_LOWEST_PORT = 20000  # above what system services commonly listen on
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0  # not Linux: the kernel's choice, as before
 
 
 def fit_job(job: DDPTrainingJob, overrides: Overrides, machine: Machine) -> DDPTrainingJob:
