@@ -25,6 +25,7 @@ from kube_ddp import names
 from kube_ddp.builders import worker_env
 from kube_ddp.local.endpoint import StatusEndpoint
 from kube_ddp.local.plan import (
+    LOWEST_PORT,
     LocalRunError,
     LocalSettings,
     Machine,
@@ -65,7 +66,7 @@ def test_the_rendezvous_port_is_below_the_ephemeral_range() -> None:
     """No outgoing connection (a rank's own connect to it included) can take it."""
     ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     ports = {free_port() for _ in range(20)}
-    assert all(20000 <= port < ephemeral_low for port in ports), ports
+    assert all(LOWEST_PORT <= port < ephemeral_low for port in ports), ports
     assert len(ports) > 1  # a random start: two runs at once rarely pick the same
 
 

@@ -33,6 +33,7 @@ from kube_ddp.expansion import container_argv, resolve_env
 from kube_ddp.jobfile import describe_errors
 
 LOCALHOST = "127.0.0.1"
+LOWEST_PORT = 20000  # of a rendezvous port: above what system services commonly listen on
 # Inherited from the shell, these would tell a worker it runs under another launcher or job.
 FOREIGN_ENV_PREFIXES = ("TORCHELASTIC_", "PET_", "OMPI_", "PMI_", "MV2_", "SLURM_", "KUBEDDP_")
 FOREIGN_ENV = frozenset({*names.RESERVED_ENV, "KUBERNETES_SERVICE_HOST", "GROUP_RANK"})
@@ -86,9 +87,9 @@ def free_port() -> int:
     ranks retrying their connect to it included (a TCP connect to a local port nothing
     listens on can connect to itself), and its rank 0 then cannot listen there."""
     ephemeral = _ephemeral_low()
-    if ephemeral > _LOWEST_PORT:
-        first = random.randrange(_LOWEST_PORT, ephemeral)  # two runs at once rarely collide
-        for port in itertools.chain(range(first, ephemeral), range(_LOWEST_PORT, first)):
+    if ephemeral > LOWEST_PORT:
+        first = random.randrange(LOWEST_PORT, ephemeral)  # two runs at once rarely collide
+        for port in itertools.chain(range(first, ephemeral), range(LOWEST_PORT, first)):
             with socket.socket() as sock:
                 try:
                     sock.bind((LOCALHOST, port))
@@ -98,9 +99,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((LOCALHOST, 0))
         return int(sock.getsockname()[1])
-
-
-_LOWEST_PORT = 20000  # above what system services commonly listen on
 
 
 def _ephemeral_low() -> int:
