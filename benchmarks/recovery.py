@@ -1,13 +1,14 @@
 """Recovery: how long a training job takes to train again after a fault, and the worker-seconds
-the fault cost, for kube-ddp (group restart `Recreate`, restart in place `InPlace`) and the
-Training Operator v1.9.4's PyTorchJob with its own restart policies.
+the fault cost, for kube-ddp (group restart `Recreate`, restart in place `InPlace`), the
+Training Operator v1.9.4's PyTorchJob with its own restart policies, and Kubeflow Trainer
+v2.3.0's TrainJob (on JobSet v0.12.0) with its defaults.
 
 Real pods on the dev cluster's real node (hack/devcluster; the pods run the e2e tier's
 `localhost/hostusr:local` image with this repository mounted: tests/e2e/platform.py), the same
 trainer for every contender: the digits MLP on 2 CPU workers (gloo), checkpoints every second
 on a directory of the node, rank 0 appending a line per step to its batch log
-(`DDP_TRAINER_BATCH_LOG`) in that directory. Both controllers run out of the cluster, each
-watching its own namespace.
+(`DDP_TRAINER_BATCH_LOG`) in that directory. The controllers run out of the cluster, each in a
+namespace of its own.
 
 Faults, each on a fresh job once it has trained a few seconds:
   crash     SIGKILL to worker 1's rank process, from the node (an OOM kill, a segfault)
@@ -92,12 +93,20 @@ class Contestant:
     title: str
     controller: str  # the key of benchmarks.contenders that runs its jobs
 
+    # The faults whose job it can run, and what it lacks for the others (the report says it).
+    faults: tuple[str, ...] = tuple(FAULTS)
+    lacks: str = ""
+
     def manifest(self, platform: DevPlatform, name: str, namespace: str, fault: str) -> Any:
         raise NotImplementedError
 
     def pod(self, name: str, index: int, fault: str) -> str:
         """The pod of worker `index` (0: the one whose rank 0 starts first)."""
         raise NotImplementedError
+
+    def find_pod(self, core: Any, namespace: str, name: str, index: int, fault: str) -> str:
+        """The pod of worker `index` now (a controller that names its pods at random: found)."""
+        return self.pod(name, index, fault)
 
     def restarts(self, job: dict[str, Any]) -> int | None:
         """The restarts the controller counted on the job (None: it says none)."""
@@ -197,13 +206,83 @@ class PyTorchJob(Contestant):
         return f"{name}-master-0" if index == 0 else f"{name}-worker-{index - 1}"
 
 
+TRAINER_V2_NODE = "node"  # the torch runtime's replicated Job and container (trainer-v2)
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+
+
+@dataclass(frozen=True)
+class TrainJob(Contestant):
+    """Kubeflow Trainer v2's TrainJob on the `torch-distributed` runtime, as its docs start: no
+    restart setting of its own. JobSet's webhook gives the pods `restartPolicy: OnFailure` (the
+    kubelet restarts a failed container in its pod), the batch Job keeps its default
+    `backoffLimit` (6), a pod deleted is created again by the Job controller (a new name), and
+    the JobSet, without a failure policy, fails on a Job's failure."""
+
+    faults: tuple[str, ...] = ("crash", "delete")
+    lacks: str = "no elastic policy (Trainer v2 removed it in v2.2)"
+
+    def manifest(self, platform: DevPlatform, name: str, namespace: str, fault: str) -> Any:
+        overrides = platform.job_overrides
+        mounts = _checkpoints(platform, name, namespace)
+        argv = to_argv(TrainerOptions.model_validate(TRAINER))
+        pod_spec = {
+            "nodeSelector": overrides["template"]["nodeSelector"],
+            "tolerations": overrides["template"]["tolerations"],
+            "volumes": overrides["template"]["volumes"] + mounts["volumes"],
+            "containers": [
+                {
+                    "name": TRAINER_V2_NODE,
+                    "volumeMounts": overrides["template"]["volumeMounts"] + mounts["volumeMounts"],
+                }
+            ],
+        }
+        node = {"name": TRAINER_V2_NODE, "template": {"spec": {"template": {"spec": pod_spec}}}}
+        peer = CONTENDERS[self.controller]
+        return {
+            "apiVersion": f"{peer.group}/{peer.version}",
+            "kind": peer.kind,
+            "metadata": {"name": name},
+            "spec": {
+                "runtimeRef": {"name": load_dev_cluster().kubeflow_trainer.RUNTIME},
+                "trainer": {
+                    "numNodes": WORKERS,
+                    "numProcPerNode": 1,  # "auto" is a process per CPU
+                    "image": overrides["image"],
+                    # torchrun reads the PET_* variables the Trainer sets
+                    "command": ["python", "-m", "torch.distributed.run", "-m", "ddp_trainer"],
+                    "args": [*argv, "--no-report-progress"],
+                    "env": [*overrides["env"], *_trainer_env()],
+                },
+                "runtimePatches": [
+                    {
+                        "manager": "kube-ddp.io/bench",
+                        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [node]}}},
+                    }
+                ],
+            },
+        }
+
+    def find_pod(self, core: Any, namespace: str, name: str, index: int, fault: str) -> str:
+        selector = f"{JOBSET_NAME_LABEL}={name},{JOB_INDEX_LABEL}={index}"
+        pods = [
+            p
+            for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+            if p.metadata.deletion_timestamp is None and p.status.phase in ("Pending", "Running")
+        ]
+        if not pods:
+            raise RuntimeError(f"no pod of {name}'s node {index}")
+        return str(max(pods, key=lambda p: p.metadata.creation_timestamp).metadata.name)
+
+
 CONTESTANTS: dict[str, Contestant] = {
     c.key: c
     for c in (
-        KubeDDPJob("recreate", "kube-ddp, Recreate (before)", "kube-ddp", "Recreate"),
-        KubeDDPJob("inplace", "kube-ddp, InPlace", "kube-ddp", "InPlace"),
-        PyTorchJob("onfailure", "PyTorchJob, OnFailure", "training-operator", "OnFailure"),
-        PyTorchJob("exitcode", "PyTorchJob, ExitCode", "training-operator", "ExitCode"),
+        KubeDDPJob("recreate", "kube-ddp, Recreate (before)", "kube-ddp", strategy="Recreate"),
+        KubeDDPJob("inplace", "kube-ddp, InPlace", "kube-ddp", strategy="InPlace"),
+        PyTorchJob("onfailure", "PyTorchJob, OnFailure", "training-operator", policy="OnFailure"),
+        PyTorchJob("exitcode", "PyTorchJob, ExitCode", "training-operator", policy="ExitCode"),
+        TrainJob("trainjob", "TrainJob (Trainer v2), defaults", "trainer-v2"),
     )
 }
 
@@ -412,7 +491,9 @@ class Bench:
         restarts_before = contender.restarts(self._job(contender, namespace, name))
         first_at, first = steps.seen[0]
         rank0 = self._rank0(contender, namespace, name, fault)
-        victim = contender.pod(name, ELASTIC[1] - 1 if fault == "elastic" else 1, fault)
+        victim = contender.find_pod(
+            self.cluster.core, namespace, name, ELASTIC[1] - 1 if fault == "elastic" else 1, fault
+        )
         steps.read()
         last_at, outcome.reached = steps.seen[-1]
         outcome.step_s = (last_at - first_at) / max(1, outcome.reached - first)
@@ -455,9 +536,8 @@ class Bench:
         """The process of global rank 0 now, on the node."""
         workers = ELASTIC[1] if fault == "elastic" else WORKERS
         for index in range(workers):
-            pod = self.cluster.core.read_namespaced_pod(
-                contender.pod(name, index, fault), namespace
-            )
+            found = contender.find_pod(self.cluster.core, namespace, name, index, fault)
+            pod = self.cluster.core.read_namespaced_pod(found, namespace)
             for pid in rank_processes(container_pid(pod)):
                 if _rank_of(pid) == 0:
                     return pid
@@ -582,6 +662,8 @@ def measure(
         for repeat in range(repeats):
             for fault in faults:
                 for contender in contestants:
+                    if fault not in contender.faults:
+                        continue
                     load = os.getloadavg()[0]
                     results["load"].append(load)
                     outcome = bench.run(contender, fault)
@@ -649,7 +731,8 @@ def render(results: dict[str, Any]) -> str:
         for key, contender in CONTESTANTS.items():
             cell = cells.get((fault, key))
             if cell is None:
-                rows.append(f"| {fault_title} | {contender.title} | not in this run | | | | 0 |")
+                said = contender.lacks if fault not in contender.faults else "not in this run"
+                rows.append(f"| {fault_title} | {contender.title} | {said} | | | | 0 |")
                 continue
             failed = cell.failed()
             back = _spread(cell.values("back_s"))
@@ -689,7 +772,8 @@ def render(results: dict[str, Any]) -> str:
             "- Back to training: from the fault to the first step rank 0 logs once the rank 0 "
             "process of the fault's time is gone (its batch log, `DDP_TRAINER_BATCH_LOG`, "
             "read from the node every 20 ms): one definition for every contender.",
-            "- Restart counted: from the fault to `status.restarts` growing (kube-ddp only).",
+            "- Restart counted: from the fault to `status.restarts` growing (kube-ddp only: "
+            "the others count none on the job).",
             "- Steps redone: the step rank 0 had logged at the fault minus the step it resumed "
             "from.",
             "- Worker-seconds lost: the job's workers x (back to training + steps redone x the "
@@ -719,8 +803,15 @@ def render(results: dict[str, Any]) -> str:
             "variables. Its Worker pods' init container (an nslookup loop on alpine:3.10, "
             "which no registry serves here) is replaced through "
             "`--pytorch-init-container-template-file` by the same wait in Python on the "
-            "workers' image. The victim's rank is the trainer process below the container's "
-            "main process (the launcher, where there is one), SIGKILLed from the node.",
+            "workers' image. Kubeflow Trainer v2.3.0 with JobSet v0.12.0 "
+            "(hack/devcluster/kubeflow_trainer.py): a TrainJob on its `torch-distributed` "
+            f"runtime, `numNodes: {WORKERS}`, `numProcPerNode: 1`, the command `python -m "
+            "torch.distributed.run -m ddp_trainer` (torchrun reads the PET_* variables it "
+            "sets; static rendezvous at node 0) and the pods put on the real node by "
+            "`runtimePatches`; nothing else set: JobSet gives its pods `restartPolicy: "
+            "OnFailure`, the batch Job its default `backoffLimit`, and it has no elastic "
+            "policy. The victim's rank is the trainer process below the container's main "
+            "process (the launcher, where there is one), SIGKILLed from the node.",
         ]
     )
 

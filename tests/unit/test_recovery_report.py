@@ -32,3 +32,12 @@ def test_the_report_gives_medians_and_says_the_runs_not_back() -> None:
     assert "1 of 1 not back (first: the job Failed" in rows[crash, CONTESTANTS["exitcode"].title]
     assert "not in this run" in rows[crash, CONTESTANTS["inplace"].title]
     assert sum(FAULTS[f] in text for f in FAULTS) == len(FAULTS)
+
+
+def test_a_fault_a_contender_cannot_run_says_what_it_lacks() -> None:
+    text = render({"outcomes": [], "load": []})
+    trainjob = CONTESTANTS["trainjob"]
+    row = next(line for line in text.splitlines()
+               if line.startswith(f"| {FAULTS['elastic']} | {trainjob.title} |"))  # fmt: skip
+    assert "elastic" not in trainjob.faults
+    assert trainjob.lacks in row
