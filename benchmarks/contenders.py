@@ -324,6 +324,9 @@ class TrainingOperator(Contender):
             )
 
 
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"  # on every pod of a JobSet
+
+
 class TrainerV2(Contender):
     key, title = "trainer-v2", "Trainer v2 + JobSet"
     group, version, plural, kind = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
@@ -346,7 +349,7 @@ class TrainerV2(Contender):
         return str(pod.spec.hostname or pod.metadata.name)  # an Indexed Job's: <job>-<index>
 
     def finishers(self, core: Any, namespace: str, name: str) -> list[str]:
-        selector = f"jobset.sigs.k8s.io/jobset-name={name}"
+        selector = f"{JOBSET_NAME_LABEL}={name}"
         return [
             str(p.metadata.name)
             for p in core.list_namespaced_pod(namespace, label_selector=selector).items

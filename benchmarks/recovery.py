@@ -40,7 +40,7 @@ from typing import Any
 
 import kubernetes
 
-from benchmarks.contenders import CONTENDERS, OUT
+from benchmarks.contenders import CONTENDERS, JOBSET_NAME_LABEL, OUT
 from benchmarks.markdown import replace_section
 from benchmarks.operator_measure import apply_our_crd
 from benchmarks.trainer import cpu_count, cpu_description
@@ -207,7 +207,6 @@ class PyTorchJob(Contestant):
 
 
 TRAINER_V2_NODE = "node"  # the torch runtime's replicated Job and container (trainer-v2)
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
