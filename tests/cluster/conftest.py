@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from kube_ddp import names
 from tests.cluster.helm_support import Helm, helm_binary
 from tests.cluster.operator_support import (
     Jobs,
@@ -130,12 +131,12 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
 
 @pytest.fixture(scope="session")
 def crd(cluster: Cluster) -> None:
-    """manifests/crd.yaml applied (server-side, so the large CRD fits) and Established."""
+    """manifests/crd.yaml applied (server-side, so the large CRD fits) and Established: polled,
+    as the dev cluster polls its CRDs (`kubectl wait` fails outright on a CRD with no status
+    yet, and failed the session's first cluster test so)."""
     path = HERE.parents[1] / "manifests" / "crd.yaml"
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--filename={path}")
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=30s", "crd/ddptrainingjobs.kubeddp.io"
-    )
+    controlplane = load_dev_cluster().controlplane
+    controlplane.apply_crds([path], [f"{names.PLURAL}.{names.GROUP}"], cluster.kubeconfig)
 
 
 @pytest.fixture
