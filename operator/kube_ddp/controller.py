@@ -418,8 +418,8 @@ class Controller:
         elif isinstance(action, DeletePods):
             await asyncio.gather(
                 *(
-                    self.kube.delete_pod(namespace, pod, action.force, action.grace_seconds)
-                    for pod in action.names
+                    self.kube.delete_pod(namespace, pod, action.force, action.grace_seconds, uid)
+                    for pod, uid in action.targets()
                 )
             )
         elif isinstance(action, DeleteJob):

@@ -193,14 +193,25 @@ class Kube:
             return None
 
     async def delete_pod(
-        self, namespace: str, name: str, force: bool = False, grace_seconds: int | None = None
+        self,
+        namespace: str,
+        name: str,
+        force: bool = False,
+        grace_seconds: int | None = None,
+        uid: str | None = None,
     ) -> None:
         """Delete a pod; `force`: at once (grace period 0), without its kubelet's word; else
-        with `grace_seconds` (None: the pod's own terminationGracePeriodSeconds)."""
+        with `grace_seconds` (None: the pod's own terminationGracePeriodSeconds). `uid`: only
+        if the name is still that pod (the API server answers 409 for another, left alone)."""
         grace = 0 if force else grace_seconds
-        body = {"gracePeriodSeconds": grace} if grace is not None else None
-        with contextlib.suppress(NotFoundError):
-            await self.request("DELETE", f"{collection_path('v1', 'Pod', namespace)}/{name}", body)
+        body: Obj = {}
+        if grace is not None:
+            body["gracePeriodSeconds"] = grace
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
+        path = f"{collection_path('v1', 'Pod', namespace)}/{name}"
+        with contextlib.suppress(NotFoundError, ConflictError):  # 409: the precondition
+            await self.request("DELETE", path, body or None)
 
     async def patch_job_status(self, namespace: str, name: str, status: Obj) -> Obj | None:
         """Merge-patch the job's status; the updated job, or None if the job is gone."""

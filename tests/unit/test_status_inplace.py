@@ -215,6 +215,14 @@ def test_a_replacement_goes_on_without_counting_again() -> None:
     assert (back.actions, back.status.restarts, back.status.replacing) == ((), 3, [])
 
 
+def test_a_lost_pod_is_deleted_only_as_the_pod_it_was() -> None:
+    """By its uid: by the time the delete reaches the API server, the name may be its
+    successor's (the watch of one pod can lag behind another's)."""
+    lost = pod(1, "Failed", attempt=2, exit_code=137, uid="uid-lost", **EVICTED)
+    decision = decide(job(attempt2()), [up(0), lost], NOW)
+    assert decision.actions == (DeletePods(("bar-worker-1",), uids=("uid-lost",)),)
+
+
 @dataclass(frozen=True)
 class GroupCase:
     id: str

@@ -27,11 +27,18 @@ class CreateWorkers:
 class DeletePods:
     """Delete pods; `force`: with grace period 0, for pods whose node stopped reporting (its
     kubelet will never confirm a graceful deletion); else `grace_seconds` (None: each pod's
-    own), time for the workers to save a checkpoint (`builders.termination_grace_seconds`)."""
+    own), time for the workers to save a checkpoint (`builders.termination_grace_seconds`).
+    `uids`, one per name where known: each pod is deleted only while its name is still that pod
+    (the name may be its successor's by the time the delete arrives)."""
 
     names: tuple[str, ...]
     force: bool = False
     grace_seconds: int | None = None
+    uids: tuple[str | None, ...] = ()
+
+    def targets(self) -> list[tuple[str, str | None]]:
+        """Each pod to delete: its name, and its uid if known."""
+        return list(zip(self.names, self.uids or (None,) * len(self.names), strict=True))
 
 
 @dataclass(frozen=True)
@@ -139,14 +146,13 @@ class Draft:
 
     def delete(self, pods: Iterable[PodView]) -> None:
         """Delete `pods`, skipping those already going; repeated deletes are harmless."""
-        doomed = tuple(sorted({p.name for p in pods if not p.deleting}))
+        doomed = [p for p in pods if not p.deleting]
         if doomed:
-            self.actions.append(DeletePods(doomed, grace_seconds=self.grace_seconds))
+            self.actions.append(_deleting(doomed, grace_seconds=self.grace_seconds))
 
     def force_delete(self, pods: Iterable[PodView]) -> None:
-        doomed = tuple(sorted({p.name for p in pods}))
-        if doomed:
-            self.actions.append(DeletePods(doomed, force=True))
+        if doomed := list(pods):
+            self.actions.append(_deleting(doomed, force=True))
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.0)
@@ -156,3 +162,12 @@ class Draft:
 
     def decision(self) -> Decision:
         return Decision(self.status, tuple(self.actions), tuple(self.events), self.requeue_after)
+
+
+def _deleting(
+    pods: Iterable[PodView], force: bool = False, grace_seconds: int | None = None
+) -> DeletePods:
+    """The action that deletes `pods`, each once, by uid where it is known."""
+    doomed = sorted({(p.name, p.uid or "") for p in pods})
+    uids = tuple(uid or None for _, uid in doomed) if any(uid for _, uid in doomed) else ()
+    return DeletePods(tuple(name for name, _ in doomed), force, grace_seconds, uids)

@@ -20,6 +20,8 @@ class PodView:
     index: int
     attempt: int
     phase: str  # Pending, Running, Succeeded, Failed, Unknown
+    # metadata.uid: a pod deleted and created again under the same name is another pod
+    uid: str | None = None
     deleting: bool = False
     exit_code: int | None = None
     reason: str | None = None
@@ -61,6 +63,7 @@ class PodView:
         ready = conditions.get("Ready", {})
         return cls(
             name=metadata.get("name", ""),
+            uid=metadata.get("uid"),
             index=_int(labels.get(names.LABEL_REPLICA_INDEX)),
             attempt=_int(labels.get(names.LABEL_ATTEMPT)),
             phase=status.get("phase") or "Pending",
