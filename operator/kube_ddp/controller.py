@@ -118,20 +118,34 @@ class Expectations:
 
     timeout: float
     _pending: dict[Key, dict[str, float]] = field(default_factory=dict)
+    # The uid each expected name was created as, once its create has returned.
+    _uids: dict[Key, dict[str, str]] = field(default_factory=dict)
 
     def expect(self, key: Key, pod_names: Iterable[str], now: float) -> None:
         self._pending.setdefault(key, {}).update(dict.fromkeys(pod_names, now + self.timeout))
 
-    def observe(self, key: Key, pod_name: str) -> None:
+    def created(self, key: Key, pod_name: str, uid: str) -> None:
+        if pod_name in self._pending.get(key, {}):
+            self._uids.setdefault(key, {})[pod_name] = uid
+
+    def observe(self, key: Key, pod_name: str, uid: str | None = None, going: bool = False) -> None:
+        """An event of `pod_name`. One of a pod being deleted, or gone, is an earlier pod of
+        that name unless it is the very pod created (`uid`): it ends no wait."""
+        if going and (uid is None or uid != self._uids.get(key, {}).get(pod_name)):
+            return
         self._pending.get(key, {}).pop(pod_name, None)
+        self._uids.get(key, {}).pop(pod_name, None)
 
     def pending(self, key: Key, now: float) -> list[str]:
         waiting = {n: t for n, t in self._pending.get(key, {}).items() if t > now}
         self._pending[key] = waiting
+        if uids := self._uids.get(key):
+            self._uids[key] = {n: u for n, u in uids.items() if n in waiting}
         return list(waiting)
 
     def forget(self, key: Key) -> None:
         self._pending.pop(key, None)
+        self._uids.pop(key, None)
 
 
 def _resource_version(body: Mapping[str, Any]) -> int:
@@ -236,8 +250,11 @@ class Controller:
         if preempted or node_lost(pod) is not None:
             self.last_words.setdefault(key, {})[pod.name] = pod
 
-    def pod_changed(self, key: Key, pod_name: str, window: float) -> None:
-        self.expectations.observe(key, pod_name)
+    def pod_changed(
+        self, key: Key, pod_name: str, window: float, uid: str | None = None, going: bool = False
+    ) -> None:
+        """An event of one of the job's pods; `going`: it is being deleted, or is gone."""
+        self.expectations.observe(key, pod_name, uid, going)
         self.queue.add_batched(key, window)
 
     def mpijob_changed(self, key: Key, mpijob: MPIJobView | None, window: float) -> None:
@@ -455,6 +472,8 @@ class Controller:
             errors[pod_name] = result if isinstance(result, BaseException) else None
             if isinstance(result, BaseException):
                 self.expectations.observe(key, pod_name)
+            elif result is not None:
+                self.expectations.created(key, pod_name, result["metadata"]["uid"])
         return errors
 
     async def _apply(

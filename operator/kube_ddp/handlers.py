@@ -141,7 +141,9 @@ async def pod_event(
     if job and namespace:
         if type == "DELETED" and labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY:
             controller.pod_deleted((namespace, job), PodView.from_pod(body))
-        controller.pod_changed((namespace, job), name, POD_EVENT_WINDOW)
+        going = type == "DELETED" or body.metadata.get("deletionTimestamp") is not None
+        uid = body.metadata.uid
+        controller.pod_changed((namespace, job), name, POD_EVENT_WINDOW, uid, going)
 
 
 @kopf.on.event(MPIJOB_GROUP, MPIJOB_VERSION, names.MPIJOB_PLURAL, labels=OURS)

@@ -166,17 +166,16 @@ class Kube:
                 return dict(orjson.loads(raw)) if raw else {}
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    async def create(self, obj: Obj, dry_run: bool = False) -> bool:
-        """Create `obj`; False if it already existed. `dry_run`: only ask whether the API
-        server (its admission included) would create it."""
+    async def create(self, obj: Obj, dry_run: bool = False) -> Obj | None:
+        """Create `obj`: the object created, or None if one of its name existed already.
+        `dry_run`: only ask whether the API server (its admission included) would create it."""
         path = collection_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"])
         if dry_run:
             path += "?dryRun=All"
         try:
-            await self.request("POST", path, obj)
+            return await self.request("POST", path, obj)
         except ConflictError:
-            return False
-        return True
+            return None
 
     async def get(self, path: str) -> Obj | None:
         """The object at `path`, or None if there is none."""

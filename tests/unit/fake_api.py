@@ -1,9 +1,9 @@
 """An API server in the test process, for the operator's shell (controller.py, kube.py).
 
 It speaks HTTP on 127.0.0.1 (aiohttp's test server), records every request, and answers the
-few calls the operator makes: POST creates (echoing the object), DELETE deletes, PATCH of a
-job's status merges into the job it holds and bumps its resourceVersion, PATCH of a job merges
-into its spec, GET returns what a test put in `objects`. A test scripts other
+few calls the operator makes: POST creates (echoing the object, given a uid), DELETE deletes,
+PATCH of a job's status merges into the job it holds and bumps its resourceVersion, PATCH of a
+job merges into its spec, GET returns what a test put in `objects`. A test scripts other
 answers (a 422, a 401, a 500) by method and path. This is no Kubernetes: what needs the real
 API server's behaviour (schemas, RBAC, watches) is the cluster tier's.
 """
@@ -79,8 +79,10 @@ class FakeApi:
             if answer.times and answer.method == call.method and answer.path.search(call.path):
                 answer.times -= 1
                 return web.json_response(answer.body, status=answer.status)
-        if call.method == "POST":
-            return web.json_response(body, status=201)
+        if call.method == "POST":  # echoed as created, with a uid of its name
+            metadata = body.get("metadata") or {}
+            uid = f"uid-of-{metadata.get('name') or metadata.get('generateName')}"
+            return web.json_response({**body, "metadata": {"uid": uid, **metadata}}, status=201)
         if call.method == "DELETE":
             return web.json_response({"kind": "Status", "status": "Success"})
         if call.method == "PATCH" and call.path.endswith("/status"):

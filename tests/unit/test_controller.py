@@ -144,6 +144,25 @@ def test_pods_not_yet_in_the_watch_are_expected_not_vanished() -> None:
     assert all(s.get("restarts", 0) == 0 for s in written_statuses(fake))
 
 
+def test_an_earlier_pods_last_event_does_not_stand_for_its_successor() -> None:
+    """A worker's pod deleted and created again under its name: the old pod's DELETED event,
+    read after the new pod's create (kopf keeps a queue per object), must not end the wait for
+    the new one, which would be taken for vanished and cost a restart."""
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body())
+        await controller.reconcile(KEY)
+        controller.pod_changed(KEY, "bar-worker-0", 0.0, uid="uid-of-the-old-pod", going=True)
+        await controller.reconcile(KEY)
+        assert [s.get("restarts", 0) for s in written_statuses(fake)] == [0]
+        controller.pod_changed(KEY, "bar-worker-0", 0.0, uid="uid-of-bar-worker-0", going=True)
+        await controller.reconcile(KEY)  # the new pod itself is gone: it vanished
+        assert written_statuses(fake)[-1]["failure"]["pod"] == "bar-worker-0"
+
+    fake = run(scenario)
+    assert len(fake.made("POST", PODS)) == 2
+
+
 def test_the_status_is_written_only_when_it_changed() -> None:
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, job_body({"phase": "Starting"}), [pod(0), pod(1)])

@@ -223,6 +223,19 @@ def test_a_lost_pod_is_deleted_only_as_the_pod_it_was() -> None:
     assert decision.actions == (DeletePods(("bar-worker-1",), uids=("uid-lost",)),)
 
 
+def test_a_lost_pod_seen_beside_its_successor_is_not_lost_again() -> None:
+    """The old pod's last events may be read after its successor's first: the newest pod of a
+    worker is the worker, and the old one is neither counted nor deleted again."""
+    replaced = attempt2(restarts=3)
+    lost = pod(1, "Failed", attempt=2, exit_code=137, deleting=True, uid="old", **EVICTED)
+    successor = up(1, uid="new", created_at=NOW.isoformat())
+    for pods in ([up(0), lost, successor], [up(0), successor, lost]):
+        decision = decide(job(replaced), pods, NOW)
+        assert (decision.actions, decision.status.restarts) == ((), 3)
+        assert decision.status.replacing == []
+        assert decision.status.workers is not None and decision.status.workers.running == 2
+
+
 @dataclass(frozen=True)
 class GroupCase:
     id: str

@@ -66,7 +66,10 @@ def decide_torchrun(
     status = draft.status
     attempt = status.current_attempt
     ours = [p for p in observed if p.owner_uid in (None, job.metadata.uid)]
-    current = {p.index: p for p in ours if p.attempt == attempt}
+    # The newest pod of a worker is the worker (at a tie, the active one): a lost pod's last
+    # event may be read after its successor's first, kopf keeping a queue per object.
+    newest_last = sorted(ours, key=lambda p: (p.created_at or "", p.active))
+    current = {p.index: p for p in newest_last if p.attempt == attempt}
     for name in expected:
         index = _index_of(job, name)
         if index is not None and index not in current:
