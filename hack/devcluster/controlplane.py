@@ -50,6 +50,9 @@ def free_port() -> int:
 # Kubernetes' own gang scheduling (alpha in 1.36): the scheduling.k8s.io/v1alpha2 Workload and
 # PodGroup API, pods' spec.schedulingGroup, and kube-scheduler's GangScheduling plugin.
 GANG_FEATURE_GATES = "--feature-gates=GenericWorkload=true,GangScheduling=true"
+# A pod annotated so is on a kubelet that stopped (a test's silent node): kwok leaves it as it
+# is, where it would delete it once evicted, by name, and could reach its successor of that name.
+KUBELET_STOPPED = {"sim.kubeddp.io/kubelet": "stopped"}
 
 
 def component_commands(ports: dict[str, int]) -> dict[str, list[str]]:
@@ -135,6 +138,8 @@ def component_commands(ports: dict[str, int]) -> dict[str, list[str]]:
             f"--config={kwok_stages}",
             "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            "--disregard-status-with-annotation-selector="
+            + ",".join(f"{key}={value}" for key, value in KUBELET_STOPPED.items()),
             "--cidr=10.244.0.0/16",  # fake pod IPs: nothing routes to them
             "--node-ip=10.0.0.1",
             f"--server-address=127.0.0.1:{ports['kwok']}",

@@ -274,12 +274,12 @@ def test_a_node_that_stops_reporting_restarts_its_jobs_elsewhere(
 ) -> None:
     """A fake node of this test's own stops reporting under 10 running jobs: kwok stops its
     status and its Lease is held by a holder that never renews it (kwok leaves a Lease alone
-    that another holds). The node controller marks its pods not ready and taints it
-    unreachable, the taint manager evicts them (5 s toleration). kwok, whose cache keeps the
-    node, then deletes the evicted pods at once, often before the operator's reconcile (a real
-    node's would stay Terminating until the operator force-deletes them, 30 s past their grace
-    period): either way every job restarts with NodeLost naming the node, and the next attempt
-    runs on the node left."""
+    that another holds), and kwok leaves its pods alone (`KUBELET_STOPPED`: it would delete
+    them once evicted, by name, and could reach the next attempt's pods of the same names). The
+    node controller marks its pods not ready and taints it unreachable, the taint manager evicts
+    them (5 s toleration), and they stay Terminating, as on a real node, until the operator
+    force-deletes them, 30 s past their grace period: every job restarts with NodeLost naming
+    the node, and the next attempt runs on the node left."""
     suffix = jobs.namespace[-6:]
     label = {"kubeddp.io/test-node": suffix}
     silent, spare = f"silent-{suffix}", f"spare-{suffix}"
@@ -302,6 +302,10 @@ def test_a_node_that_stops_reporting_restarts_its_jobs_elsewhere(
             jobs.create(job_manifest(name, nodes=2, template=template))
         for name in job_names:
             jobs.wait_pods(name, 2, timeout=60)
+        stopped = {"metadata": {"annotations": load_dev_cluster().controlplane.KUBELET_STOPPED}}
+        on_silent = f"spec.nodeName={silent}"
+        for pod in cluster.core.list_namespaced_pod(jobs.namespace, field_selector=on_silent).items:
+            cluster.core.patch_namespaced_pod(pod.metadata.name, jobs.namespace, stopped)
         silenced = datetime.now(UTC)
         stop_reporting = {"metadata": {"annotations": {"kwok.x-k8s.io/node": None}}}
         cluster.core.patch_node(silent, stop_reporting)
@@ -329,9 +333,7 @@ def test_a_node_that_stops_reporting_restarts_its_jobs_elsewhere(
             assert f"{name}-worker-" in failure["pod"]
             restarting = condition(status, "Restarting")
             assert restarting["reason"] == "WorkersRunning"  # cleared once it runs again
-        left = cluster.core.list_namespaced_pod(
-            jobs.namespace, field_selector=f"spec.nodeName={silent}"
-        ).items
+        left = cluster.core.list_namespaced_pod(jobs.namespace, field_selector=on_silent).items
         assert left == []
     finally:
         for node in (silent, spare):
