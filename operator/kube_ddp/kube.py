@@ -117,6 +117,13 @@ def workload_path(namespace: str, name: str) -> str:
     return f"{collection_path(kueue.API_VERSION, kueue.WORKLOAD_KIND, namespace)}/{name}"
 
 
+# Connections to the API server at most, shared by every reconcile. Each open TLS connection
+# keeps about 128 KiB of buffers; with 64, a burst of creates left 20-32 of them idle and the
+# operator at 1,000 jobs held 97-99 MiB against 90-92 MiB with 16, whose bursts of 200 and
+# 1,000 jobs ran about as fast (docs/BENCHMARKS.md, the operator's notes).
+CONNECTIONS = 16
+
+
 class Kube:
     """Idempotent verbs over one HTTP session."""
 
@@ -129,7 +136,7 @@ class Kube:
         info = self._credentials()
         self._server = info.server.rstrip("/")
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=64, ssl=info.as_ssl_context()),
+            connector=aiohttp.TCPConnector(limit=CONNECTIONS, ssl=info.as_ssl_context()),
             headers={**info.as_http_headers(), "User-Agent": "kube-ddp"},
             timeout=aiohttp.ClientTimeout(total=30),
         )
