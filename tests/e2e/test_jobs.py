@@ -463,7 +463,11 @@ def test_the_own_script_example_trains_under_kube_ddps_torchrun(
     """The own-script example: `python train.py` with nprocPerNode 2, which kube-ddp starts
     under torchrun: 4 ranks in 2 pods, each with its RANK and LOCAL_RANK from torchrun."""
     document = own_script_example(jobs)
-    jobs.create({**document, "spec": platform.job_spec(document["spec"])})
+    spec = platform.job_spec(document["spec"])
+    # Both pods stay for their logs: worker 1 may still be exiting when worker 0's success ends
+    # the job, and cleanPodPolicy Running, the default, would remove it then (seen in CI).
+    spec["runPolicy"] = {**spec.get("runPolicy", {}), "cleanPodPolicy": "None"}
+    jobs.create({**document, "spec": spec})
     status = jobs.wait_phase("own-script", "Succeeded", timeout=TRAINING_TIMEOUT)
     assert status["restarts"] == 0, status.get("failure")
     said = logs(jobs, "own-script-worker-0") + logs(jobs, "own-script-worker-1")
