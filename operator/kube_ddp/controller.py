@@ -113,39 +113,41 @@ def retry_delay(failures: int) -> float:
 
 
 @dataclass
+class _Expected:
+    deadline: float
+    uid: str | None = None  # what it was created as, once its create has returned
+
+
+@dataclass
 class Expectations:
     """Pods we created that the watch has not shown yet (Kubernetes' "expectations")."""
 
     timeout: float
-    _pending: dict[Key, dict[str, float]] = field(default_factory=dict)
-    # The uid each expected name was created as, once its create has returned.
-    _uids: dict[Key, dict[str, str]] = field(default_factory=dict)
+    _pending: dict[Key, dict[str, _Expected]] = field(default_factory=dict)
 
     def expect(self, key: Key, pod_names: Iterable[str], now: float) -> None:
-        self._pending.setdefault(key, {}).update(dict.fromkeys(pod_names, now + self.timeout))
+        pending = self._pending.setdefault(key, {})
+        pending.update((name, _Expected(now + self.timeout)) for name in pod_names)
 
     def created(self, key: Key, pod_name: str, uid: str) -> None:
-        if pod_name in self._pending.get(key, {}):
-            self._uids.setdefault(key, {})[pod_name] = uid
+        if (expected := self._pending.get(key, {}).get(pod_name)) is not None:
+            expected.uid = uid
 
     def observe(self, key: Key, pod_name: str, uid: str | None = None, going: bool = False) -> None:
         """An event of `pod_name`. One of a pod being deleted, or gone, is an earlier pod of
         that name unless it is the very pod created (`uid`): it ends no wait."""
-        if going and (uid is None or uid != self._uids.get(key, {}).get(pod_name)):
+        expected = self._pending.get(key, {}).get(pod_name)
+        if expected is None or (going and (uid is None or uid != expected.uid)):
             return
-        self._pending.get(key, {}).pop(pod_name, None)
-        self._uids.get(key, {}).pop(pod_name, None)
+        del self._pending[key][pod_name]
 
     def pending(self, key: Key, now: float) -> list[str]:
-        waiting = {n: t for n, t in self._pending.get(key, {}).items() if t > now}
+        waiting = {n: e for n, e in self._pending.get(key, {}).items() if e.deadline > now}
         self._pending[key] = waiting
-        if uids := self._uids.get(key):
-            self._uids[key] = {n: u for n, u in uids.items() if n in waiting}
         return list(waiting)
 
     def forget(self, key: Key) -> None:
         self._pending.pop(key, None)
-        self._uids.pop(key, None)
 
 
 def _resource_version(body: Mapping[str, Any]) -> int:
