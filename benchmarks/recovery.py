@@ -25,6 +25,7 @@ steps redone x the step time seen before the fault).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -383,15 +384,19 @@ def rank_processes(root: int) -> list[int]:
     return ranks
 
 
-def _rank_of(pid: int) -> int | None:
+def _writes(pid: int, path: str) -> bool:
+    """Whether process `pid` has `path` (in its own mount namespace) open. A rank's RANK is not
+    read from /proc/PID/environ: a rank kube-ddp's agent started warm (ddp_trainer.warm) shows
+    the environment its interpreter started with there."""
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
     except OSError:
-        return None
-    for entry in environ:
-        if entry.startswith(b"RANK="):
-            return int(entry[5:])
-    return None
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) == path:
+                return True
+    return False
 
 
 def alive(pid: int) -> bool:
@@ -532,13 +537,13 @@ class Bench:
             time.sleep(POLL_S)
 
     def _rank0(self, contender: Contestant, namespace: str, name: str, fault: str) -> int:
-        """The process of global rank 0 now, on the node."""
+        """The process of global rank 0 now, on the node: the one writing rank 0's batch log."""
         workers = ELASTIC[1] if fault == "elastic" else WORKERS
         for index in range(workers):
             found = contender.find_pod(self.cluster.core, namespace, name, index, fault)
             pod = self.cluster.core.read_namespaced_pod(found, namespace)
             for pid in rank_processes(container_pid(pod)):
-                if _rank_of(pid) == 0:
+                if _writes(pid, f"{BATCH_LOG}.rank0"):
                     return pid
         raise RuntimeError(f"no process of rank 0 in {name}'s pods")
 
