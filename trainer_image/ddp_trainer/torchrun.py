@@ -17,11 +17,13 @@ Standard library and torch only: it runs in any image that has both and this pac
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ddp_trainer import warm
 from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED, SIGNALLED
 
 if TYPE_CHECKING:
@@ -69,7 +71,35 @@ def how_it_ended(rank_exit: int) -> str:
     return f"was killed by {name}"
 
 
+def local_ranks(argv: Sequence[str]) -> int | None:
+    """torchrun's --nproc-per-node where it is a number (not auto, gpu, cpu...)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", default="1")
+    given = parser.parse_known_args(argv)[0].nproc_per_node
+    return int(given) if given.isdigit() else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
+    from ddp_trainer import agent
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, str(SHUTDOWN_TIMEOUT_S))
+    os.environ.setdefault(agent.OWN_WORKER_STORE_ENV, "1")
+    ranks = warm.WarmRanks(warm.python_executable(os.environ))
+    count = local_ranks(argv)
+    if warm.enabled(os.environ) and count:
+        if count > 1:  # torchrun's own rule, set before the ranks' interpreters start
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
+        ranks.prepare(count)  # they import torch while this process does
+    try:
+        return _run(argv, ranks)
+    finally:
+        ranks.close()
+
+
+def _run(argv: list[str], ranks: warm.WarmRanks) -> int:
     import os
 
     from torch.distributed import DistError
@@ -80,14 +110,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ddp_trainer import agent
 
-    os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, str(SHUTDOWN_TIMEOUT_S))
-    os.environ.setdefault(agent.OWN_WORKER_STORE_ENV, "1")
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))  # type: ignore[no-untyped-call]
+    args = parse_args(argv)  # type: ignore[no-untyped-call]
     args.rdzv_conf = agent.with_fast_rendezvous(args.rdzv_conf or "")
     agent.poll_rendezvous_every(agent.rendezvous_poll_s(args.nnodes))
     if not agent.install(agent.Rules.from_env(os.environ)) and args.max_restarts:
         print(f"{PROG}: this torch has no agent to hook: no restart in place", file=sys.stderr)
         args.max_restarts = 0
+    if warm.enabled(os.environ) and not warm.install(ranks):
+        ranks.close()
     stopped = _record_how_stopped_ranks_ended()
     try:
         record(run)(args)
