@@ -366,21 +366,21 @@ def _children(pid: int) -> list[int]:
 
 
 def rank_processes(root: int) -> list[int]:
-    """The trainer's rank processes at or below `root` (a launcher is not one)."""
-    ranks, todo = [], [root]
+    """The trainer's rank processes at or below `root`: the children of a launcher (torchrun;
+    kube-ddp's forks its first ranks from itself: their command line is its own), or a
+    trainer process that is no launcher."""
+    ranks, todo = [], [(root, False)]
     while todo:
-        pid = todo.pop()
-        todo += _children(pid)
+        pid, under_launcher = todo.pop()
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if (
-            b"ddp_trainer" in command
-            and b"torchrun" not in command
-            and b"distributed.run" not in command
-        ):
+        launcher = b"torchrun" in command or b"distributed.run" in command
+        if under_launcher or (b"ddp_trainer" in command and not launcher):
             ranks.append(pid)
+            continue
+        todo += [(child, launcher) for child in _children(pid)]
     return ranks
 
 
