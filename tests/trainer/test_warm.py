@@ -24,7 +24,9 @@ warm = "torch" in sys.modules
 with open(sys.argv[1], "a") as out:
     out.write(json.dumps({"warm": warm, "argv": sys.argv, "rank": os.environ.get("RANK"),
                           "path0": sys.path[0], "name": __name__,
-                          "stdin": os.path.realpath("/proc/self/fd/0")}) + "\\n")
+                          "stdin": os.path.realpath("/proc/self/fd/0"),
+                          "process": open("/proc/self/cmdline").read().split("\\0")[:3],
+                          "unbuffered": sys.stdout.write_through}) + "\\n")
 sys.exit(int(sys.argv[2]))
 """
 
@@ -51,7 +53,7 @@ def test_a_waiting_interpreter_runs_the_script_as_python_would(
     tmp_path: Path, ranks: warm.WarmRanks
 ) -> None:
     script, out = report_script(tmp_path), tmp_path / "out"
-    ranks.prepare(1)
+    ranks.prepare(1, [])
     [waiting] = ranks.waiting
     proc = ranks.take(
         [sys.executable, "-u", str(script), str(out), "7"], {**os.environ, "RANK": "3"}
@@ -65,13 +67,15 @@ def test_a_waiting_interpreter_runs_the_script_as_python_would(
         "path0": str(script.parent),
         "name": "__main__",
         "stdin": os.devnull,
+        "process": [sys.executable, "-u", "-m"],
+        "unbuffered": True,
     }
 
 
 def test_a_waiting_interpreter_runs_a_module_as_python_m_would(
     ranks: warm.WarmRanks, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    ranks.prepare(1)
+    ranks.prepare(1, [])
     proc = ranks.take([sys.executable, "-u", "-m", "ddp_trainer", "--help"], dict(os.environ))
     assert proc is not None and proc.wait(timeout=60) == 0
     assert "usage: ddp-train" in capfd.readouterr().out
@@ -82,7 +86,7 @@ def test_a_rank_that_raises_ends_as_python_would(
 ) -> None:
     script = tmp_path / "raises.py"
     script.write_text("raise RuntimeError('the rank failed')\n")
-    ranks.prepare(1)
+    ranks.prepare(1, [])
     proc = ranks.take([sys.executable, "-u", str(script)], dict(os.environ))
     assert proc is not None and proc.wait(timeout=60) == 1
     assert "RuntimeError: the rank failed" in capfd.readouterr().err
@@ -92,7 +96,7 @@ def test_a_warm_rank_ends_on_its_groups_signal(tmp_path: Path, ranks: warm.WarmR
     """torchrun stops a rank by signalling its process group (its session of its own)."""
     script = tmp_path / "waits.py"
     script.write_text("import time\ntime.sleep(120)\n")
-    ranks.prepare(1)
+    ranks.prepare(1, [])
     proc = ranks.take([sys.executable, "-u", str(script)], dict(os.environ))
     assert proc is not None and os.getpgid(proc.pid) == proc.pid
     os.killpg(proc.pid, signal.SIGTERM)
@@ -110,7 +114,7 @@ def test_a_warm_rank_ends_on_its_groups_signal(tmp_path: Path, ranks: warm.WarmR
 def test_a_command_of_another_form_is_started_cold_and_no_interpreter_waits_on(
     ranks: warm.WarmRanks, command: list[str]
 ) -> None:
-    ranks.prepare(2)
+    ranks.prepare(2, [])
     started = list(ranks.waiting)
     assert ranks.take(command, dict(os.environ)) is None
     assert ranks.waiting == [] and all(proc.returncode is not None for proc in started)
@@ -120,17 +124,17 @@ def test_an_environment_changed_since_the_start_is_started_cold_torchs_settings_
     ranks: warm.WarmRanks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     command = [sys.executable, "-u", "-m", "ddp_trainer", "--help"]
-    ranks.prepare(1)
+    ranks.prepare(1, [])
     monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM")  # torch's agent sets it
     proc = ranks.take(command, dict(os.environ))
     assert proc is not None and proc.wait(timeout=60) == 0
-    ranks.prepare(1)
+    ranks.prepare(1, [])
     monkeypatch.setenv("OMP_NUM_THREADS", "7")  # read as torch loads: the rank must see it
     assert ranks.take(command, dict(os.environ)) is None
 
 
 def test_an_interpreter_that_died_is_replaced_by_a_cold_start(ranks: warm.WarmRanks) -> None:
-    ranks.prepare(1)
+    ranks.prepare(1, [])
     ranks.waiting[0].kill()
     ranks.waiting[0].wait()
     assert ranks.take([sys.executable, "-u", "-m", "ddp_trainer"], dict(os.environ)) is None
@@ -140,9 +144,10 @@ def test_an_interpreter_that_died_is_replaced_by_a_cold_start(ranks: warm.WarmRa
 def test_the_agent_starts_its_ranks_warm_and_restarts_them_warm(
     tmp_path: Path, enabled: str
 ) -> None:
-    """kube-ddp's torchrun, 2 local ranks, a retryable exit (75) once: the first ranks and the
-    restarted ones found torch imported at their first line; with DDP_TRAINER_WARM_RANKS=0
-    neither did."""
+    """kube-ddp's torchrun, 2 local ranks, a retryable exit (75) once: the first ranks (forked
+    from the agent) and the restarted ones (started as the agent restarted them) found torch
+    imported at their first line, and wrote unbuffered, as `python -u`; with
+    DDP_TRAINER_WARM_RANKS=0 neither found torch, and both were started as torchrun does."""
     script, out = report_script(tmp_path), tmp_path / "out"
     marker = tmp_path / "failed-once"
     script.write_text(
@@ -154,8 +159,43 @@ def test_the_agent_starts_its_ranks_warm_and_restarts_them_warm(
         str(script), str(out), "0", port=free_port(), nnodes="1", host=True, nproc=2
     )
     env = support.clean_env(KUBEDDP_RETRYABLE_EXIT_CODES="75", DDP_TRAINER_WARM_RANKS=enabled)
+    env.pop("PYTHONUNBUFFERED", None)  # the agent's own streams buffered, as in an image
     support.run(command, env).check()
-    seen = reports(out)
-    assert len(seen) == 4  # 2 ranks, twice
-    assert {report["warm"] for report in seen} == {enabled == "1"}
-    assert sorted(str(report["rank"]) for report in seen) == ["0", "0", "1", "1"]
+    first, restarted = reports(out)[:2], reports(out)[2:]
+    assert len(restarted) == 2
+    for report in first + restarted:
+        assert report["warm"] is (enabled == "1") and report["unbuffered"] is True
+    assert sorted(str(report["rank"]) for report in first + restarted) == ["0", "0", "1", "1"]
+    if enabled == "1":
+        assert {tuple(report["process"]) for report in first} == {tuple(command[:3])}
+        assert {tuple(report["process"]) for report in restarted} == {(sys.executable, "-u", "-m")}
+    else:
+        assert {tuple(report["process"]) for report in first + restarted} == {
+            (sys.executable, "-u", str(script))
+        }
+
+
+PREPARED = """\
+import sys
+from ddp_trainer import warm
+warm.prepare(sys.argv[1:])
+print(sorted(m for m in ("ddp_trainer.train", "sklearn.datasets") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "imported"),
+    [
+        (["-m", "ddp_trainer", "--dataset=digits"], ["ddp_trainer.train", "sklearn.datasets"]),
+        (["-m", "ddp_trainer", "--dataset=synthetic"], ["ddp_trainer.train"]),
+        (["-m", "ddp_trainer", "--dataset=digits", "--epochs=-1"], ["ddp_trainer.train"]),
+        (["-m", "other_trainer", "--dataset=digits"], []),
+        (["train.py", "--dataset=digits"], []),
+    ],
+)
+def test_a_waiting_trainer_rank_imports_what_its_options_need(
+    argv: list[str], imported: list[str]
+) -> None:
+    """Nothing said, nothing ended: a bad option (--epochs=-1) is for the rank's main to say."""
+    run = support.run([sys.executable, "-c", PREPARED, *argv])
+    assert (run.returncode, run.stdout.strip(), run.stderr) == (0, str(imported), "")

@@ -88,29 +88,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, str(SHUTDOWN_TIMEOUT_S))
     os.environ.setdefault(agent.OWN_WORKER_STORE_ENV, "1")
     ranks = warm.WarmRanks(warm.python_executable(os.environ))
-    count = local_ranks(argv)
-    if warm.enabled(os.environ) and count:
-        if count > 1:  # torchrun's own rule, set before the ranks' interpreters start
-            os.environ.setdefault("OMP_NUM_THREADS", "1")
-        ranks.prepare(count)  # they import torch while this process does
+    count = local_ranks(argv) if warm.enabled(os.environ) else None
+    if count and count > 1:  # torchrun's own rule, set before torch loads OpenMP here
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from torch.distributed.run import parse_args  # torch, once for this process and its forks
+
+    args = parse_args(argv)  # type: ignore[no-untyped-call]
+    rank_argv = ["-m"] if args.module else []
+    if count and ranks.fork(count, [*rank_argv, args.training_script, *args.training_script_args]):
+        return warm.serve()  # a rank: its code, then its end, as `python -u` would end it
     try:
-        return _run(argv, ranks)
+        return _run(args, ranks)
     finally:
         ranks.close()
 
 
-def _run(argv: list[str], ranks: warm.WarmRanks) -> int:
+def _run(args: Any, ranks: warm.WarmRanks) -> int:
     import os
 
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
     from torch.distributed.elastic.rendezvous.api import RendezvousError
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.run import run
 
     from ddp_trainer import agent
 
-    args = parse_args(argv)  # type: ignore[no-untyped-call]
     args.rdzv_conf = agent.with_fast_rendezvous(args.rdzv_conf or "")
     agent.poll_rendezvous_every(agent.rendezvous_poll_s(args.nnodes))
     if not agent.install(agent.Rules.from_env(os.environ)) and args.max_restarts:

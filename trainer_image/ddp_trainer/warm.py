@@ -3,12 +3,15 @@
 torchrun starts a rank (`python -u -m MODULE ...` or `python -u SCRIPT ...`) only once the
 rendezvous has formed the group, and each rank then spends seconds importing torch: on a
 replacement pod after its agent's own import, on a restart in place after the re-formation.
-`python -m ddp_trainer.torchrun` starts one interpreter per local rank instead as it starts
-(while it imports torch itself) and, on a restart, once it has stopped the old ranks (their
-memory is free again); each imports torch while the agent waits in the rendezvous, then waits
-on its stdin. When torchrun starts a rank, `WarmRanks` hands one of them the rank's command and
-environment (a JSON line), and torchrun keeps it as the rank's process: its own child, in a
-session of its own, as torchrun's would be.
+So `python -m ddp_trainer.torchrun` has one interpreter per local rank ready before the
+rendezvous ends. As it starts, it imports torch and forks them from itself (no thread of its
+own runs yet; their pages are shared until written). On a restart, its rendezvous threads
+running, it starts them as `python -u -m ddp_trainer.warm` once it has stopped the old ranks
+(their memory is free again), and each imports torch while the agent waits in the rendezvous.
+Meanwhile a rank of kube-ddp's trainer imports the trainer's modules and its dataset's too
+(`prepare`); then it waits on its stdin. When torchrun starts a rank, `WarmRanks` hands one of
+them the rank's command and environment (a JSON line), and torchrun keeps it as the rank's
+process: the agent's child, in a session of its own, as torchrun's own would be.
 
 A rank is started cold, as torchrun does, wherever a warm one could differ from it: torchrun
 writes the rank's output to files (--redirects, --tee), the command is not one of the two
@@ -16,26 +19,34 @@ forms above with this agent's interpreter (--no-python, a NUMA wrapper), or the 
 environment changed since the interpreter started. Only what torch's agent sets may differ:
 the rank's own variables (RANK, WORLD_SIZE, MASTER_ADDR...) and its TORCHELASTIC_ settings,
 read when the group forms or a rank fails, not when torch is imported.
-DDP_TRAINER_WARM_RANKS=0 turns it off. One difference stays: `/proc/PID/environ` of a warm
-rank shows the environment its interpreter started with, not the rank's.
+DDP_TRAINER_WARM_RANKS=0 turns it off. Differences that stay: `/proc/PID/environ` of a warm
+rank shows the environment its interpreter started with, not the rank's, and a forked rank's
+command line (`ps`) is its agent's.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import runpy
+import signal
 import subprocess
 import sys
+import threading
+import time
+import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 MODULE = "ddp_trainer.warm"
+TRAINER = "ddp_trainer"  # the module of kube-ddp's trainer, whose rank prepares more
 ENABLE_ENV = "DDP_TRAINER_WARM_RANKS"
 UNBUFFERED = "-u"  # torchrun runs every Python rank unbuffered
 # torch's agent sets these in its own environment as it starts (its settings, which torch reads
 # when a rank runs, not when it is imported): an interpreter started before may lack them.
 AGENT_SETTINGS_PREFIX = "TORCHELASTIC_"
+WAIT_POLL_S = 0.01
 
 
 def enabled(env: Mapping[str, str]) -> bool:
@@ -47,23 +58,93 @@ def python_executable(env: Mapping[str, str]) -> str:
     return env.get("PYTHON_EXEC", sys.executable)
 
 
+class Forked:
+    """A rank's interpreter forked from the agent, as much of a `subprocess.Popen` as torchrun
+    uses (pid, poll, wait, returncode, signals), and its stdin."""
+
+    def __init__(self, pid: int, stdin: BinaryIO) -> None:
+        self.pid = pid
+        self.stdin: BinaryIO | None = stdin
+        self.returncode: int | None = None
+        self._lock = threading.Lock()  # torchrun polls from its monitor and its shutdown
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+            time.sleep(WAIT_POLL_S)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
 class WarmRanks:
     """The agent's side: interpreters waiting to become its next ranks."""
 
     def __init__(self, python: str) -> None:
         self.python = python
-        self.waiting: list[subprocess.Popen[bytes]] = []
+        self.waiting: list[subprocess.Popen[bytes] | Forked] = []
         self.started_in: dict[str, str] = {}
 
-    def prepare(self, count: int) -> None:
-        """`count` interpreters for the next ranks: those waiting, if as many wait and live."""
+    def fork(self, count: int, argv: Sequence[str]) -> bool:
+        """`count` interpreters forked from this one, the agent, which has imported torch and
+        started no thread of its own yet, for ranks whose command will be `argv` after
+        `python -u`: True in each of them, prepared (the caller then returns `serve()`), False
+        in the agent. Nothing where the ranks run another interpreter."""
+        if self.python != sys.executable:
+            return False
+        self.close()
+        self.started_in = dict(os.environ)
+        for _ in range(count):
+            read, write = os.pipe()
+            with warnings.catch_warnings():
+                # Python 3.12 warns of any other thread: here OpenBLAS's pool (numpy's), which
+                # its own fork handlers stop and restart.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:
+                for sibling in self.waiting:  # their pipes: EOF for each once the agent is gone
+                    if sibling.stdin is not None:
+                        sibling.stdin.close()
+                self.waiting = []
+                os.close(write)
+                os.dup2(read, 0)
+                os.close(read)
+                os.setsid()  # a session of its own, as torchrun's ranks
+                _unbuffered()
+                prepare(argv)
+                return True
+            os.close(read)
+            self.waiting.append(Forked(pid, os.fdopen(write, "wb")))
+        return False
+
+    def prepare(self, count: int, argv: Sequence[str]) -> None:
+        """`count` interpreters for the next ranks, whose command will be `argv` after
+        `python -u`: those waiting, if as many wait and live."""
         if len(self.waiting) == count and all(proc.poll() is None for proc in self.waiting):
             return
         self.close()
         self.started_in = dict(os.environ)
         self.waiting = [
             subprocess.Popen(
-                [self.python, UNBUFFERED, "-m", MODULE],
+                [self.python, UNBUFFERED, "-m", MODULE, *argv],
                 stdin=subprocess.PIPE,
                 env=self.started_in,
                 start_new_session=True,  # as torchrun's own: it signals the rank's group
@@ -73,7 +154,7 @@ class WarmRanks:
 
     def take(
         self, command: Sequence[str], env: Mapping[str, str]
-    ) -> subprocess.Popen[bytes] | None:
+    ) -> subprocess.Popen[bytes] | Forked | None:
         """A waiting interpreter told to run `command` with `env`, or None: torchrun then
         starts the rank itself. After a None no interpreter is left waiting."""
         proc = self.waiting.pop(0) if self.waiting else None
@@ -139,12 +220,24 @@ def install(ranks: WarmRanks) -> bool:
         return proc
 
     def prepare_and_initialize(self: Any, worker_group: Any) -> Any:
-        ranks.prepare(worker_group.spec.local_world_size)
+        spec = worker_group.spec
+        argv = [str(arg) for arg in spec.args]  # the rank's command after its interpreter
+        ranks.prepare(spec.local_world_size, argv[1:] if argv[:1] == [UNBUFFERED] else argv)
         return initialize(self, worker_group)
 
     handler._popen = popen_warm
     SimpleElasticAgent._initialize_workers = prepare_and_initialize  # type: ignore[method-assign]
     return True
+
+
+def prepare(argv: Sequence[str]) -> None:
+    """What a rank of `argv` (`-m MODULE ...` or `SCRIPT ...`) can do before it knows its
+    group: for kube-ddp's trainer, import its modules and its dataset's (`train.prepare`).
+    Other programs: nothing beyond torch, which is all that is known to be safe to import."""
+    if list(argv[:2]) == ["-m", TRAINER]:
+        from ddp_trainer.train import prepare as prepare_trainer
+
+        prepare_trainer(argv[2:])
 
 
 def run(argv: Sequence[str]) -> None:
@@ -158,12 +251,15 @@ def run(argv: Sequence[str]) -> None:
     runpy.run_path(argv[0], run_name="__main__")
 
 
-def main() -> int:
-    import torch  # noqa: F401  (the reason this process starts early)
-
-    line = sys.stdin.buffer.readline()
-    if not line:
-        return 0  # the agent needed no rank of this interpreter
+def serve() -> int:
+    """Wait for the rank's command and environment on stdin, then run it; 0 at once where
+    the agent went away or needed no rank of this interpreter."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            return 0
+        line += chunk
     order = json.loads(line)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -172,6 +268,29 @@ def main() -> int:
     os.environ.update(order["env"])
     run(order["argv"])
     return 0
+
+
+def _unbuffered() -> None:
+    """stdout and stderr as `python -u` makes them, in an interpreter forked from one that
+    was not started so: a rank's lines reach the pod's log as it writes them."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        stream.flush()
+        raw = io.FileIO(stream.fileno(), "w", closefd=False)
+        text = io.TextIOWrapper(
+            raw, encoding=stream.encoding, errors=stream.errors, write_through=True
+        )
+        setattr(sys, name, text)
+        setattr(sys, f"__{name}__", text)
+
+
+def main() -> int:
+    """`python -u -m ddp_trainer.warm RANK_ARGV...`: an interpreter the agent started on a
+    restart, for a rank of RANK_ARGV (its command without `python -u`)."""
+    import torch  # noqa: F401  (the reason this process starts early)
+
+    prepare(sys.argv[1:])
+    return serve()
 
 
 if __name__ == "__main__":
