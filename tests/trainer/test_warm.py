@@ -180,7 +180,6 @@ import sys
 from ddp_trainer import warm
 warm.prepare(sys.argv[1:])
 print(sorted(m for m in ("ddp_trainer.train", "sklearn.datasets") if m in sys.modules))
-print("torch._dynamo" in sys.modules)
 """
 
 
@@ -199,8 +198,4 @@ def test_a_waiting_trainer_rank_imports_what_its_options_need(
 ) -> None:
     """Nothing said, nothing ended: a bad option (--epochs=-1) is for the rank's main to say."""
     run = support.run([sys.executable, "-c", PREPARED, *argv])
-    assert (run.returncode, run.stdout.split("\n")[:2], run.stderr) == (
-        0,
-        [str(imported), "True"],
-        "",
-    )
+    assert (run.returncode, run.stdout.strip(), run.stderr) == (0, str(imported), "")

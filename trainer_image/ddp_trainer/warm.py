@@ -8,9 +8,8 @@ rendezvous ends. As it starts, it imports torch and forks them from itself (no t
 own runs yet; their pages are shared until written). On a restart, its rendezvous threads
 running, it starts them as `python -u -m ddp_trainer.warm` once it has stopped the old ranks
 (their memory is free again), and each imports torch while the agent waits in the rendezvous.
-Meanwhile each imports the part of torch that a program imports as it builds its optimizer,
-and a rank of kube-ddp's trainer the trainer's modules and its dataset's too (`prepare`); then
-it waits on its stdin. When torchrun starts a rank, `WarmRanks` hands one of
+Meanwhile a rank of kube-ddp's trainer imports the trainer's modules and its dataset's too
+(`prepare`); then it waits on its stdin. When torchrun starts a rank, `WarmRanks` hands one of
 them the rank's command and environment (a JSON line), and torchrun keeps it as the rank's
 process: the agent's child, in a session of its own, as torchrun's own would be.
 
@@ -233,12 +232,8 @@ def install(ranks: WarmRanks) -> bool:
 
 def prepare(argv: Sequence[str]) -> None:
     """What a rank of `argv` (`-m MODULE ...` or `SCRIPT ...`) can do before it knows its
-    group: import torch's dynamo, which torch imports as a program builds its first optimizer
-    (`torch._disable_dynamo`), 1 to 2 s; for kube-ddp's trainer, its modules and its
-    dataset's too (`train.prepare`). Nothing of another program's: only torch is known to be
-    safe to import ahead."""
-    import torch._dynamo  # noqa: F401
-
+    group: for kube-ddp's trainer, import its modules and its dataset's (`train.prepare`).
+    Other programs: nothing beyond torch, which is all that is known to be safe to import."""
     if list(argv[:2]) == ["-m", TRAINER]:
         from ddp_trainer.train import prepare as prepare_trainer
 
