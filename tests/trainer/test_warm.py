@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,3 +201,17 @@ def test_a_waiting_trainer_rank_imports_what_its_options_need(
     """Nothing said, nothing ended: a bad option (--epochs=-1) is for the rank's main to say."""
     run = support.run([sys.executable, "-c", PREPARED, *argv])
     assert (run.returncode, run.stdout.strip(), run.stderr) == (0, str(imported), "")
+
+
+def test_an_interpreter_that_reads_no_order_is_replaced_by_a_cold_start(
+    ranks: warm.WarmRanks,
+) -> None:
+    """Alive but its stdin closed (it is dying): the order breaks the pipe, no error escapes,
+    torchrun starts the rank itself and nothing waits on."""
+    closes_stdin = "import os, time; os.close(0); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", closes_stdin], stdin=subprocess.PIPE)
+    time.sleep(1)  # until its stdin is closed
+    ranks.waiting, ranks.started_in = [proc], dict(os.environ)
+    order = {**os.environ, "PADDING": "x" * 100_000}  # more than a pipe holds
+    assert ranks.take([sys.executable, "-u", "-m", "ddp_trainer"], order) is None
+    assert ranks.waiting == [] and proc.returncode is not None
