@@ -55,7 +55,7 @@ def test_a_waiting_interpreter_runs_the_script_as_python_would(
     tmp_path: Path, ranks: warm.WarmRanks
 ) -> None:
     script, out = report_script(tmp_path), tmp_path / "out"
-    ranks.prepare(1, [])
+    ranks.prepare(1, [sys.executable, "-u", "rank.py"])
     [waiting] = ranks.waiting
     proc = ranks.take(
         [sys.executable, "-u", str(script), str(out), "7"], {**os.environ, "RANK": "3"}
@@ -77,7 +77,7 @@ def test_a_waiting_interpreter_runs_the_script_as_python_would(
 def test_a_waiting_interpreter_runs_a_module_as_python_m_would(
     ranks: warm.WarmRanks, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    ranks.prepare(1, [])
+    ranks.prepare(1, [sys.executable, "-u", "rank.py"])
     proc = ranks.take([sys.executable, "-u", "-m", "ddp_trainer", "--help"], dict(os.environ))
     assert proc is not None and proc.wait(timeout=60) == 0
     assert "usage: ddp-train" in capfd.readouterr().out
@@ -88,7 +88,7 @@ def test_a_rank_that_raises_ends_as_python_would(
 ) -> None:
     script = tmp_path / "raises.py"
     script.write_text("raise RuntimeError('the rank failed')\n")
-    ranks.prepare(1, [])
+    ranks.prepare(1, [sys.executable, "-u", "rank.py"])
     proc = ranks.take([sys.executable, "-u", str(script)], dict(os.environ))
     assert proc is not None and proc.wait(timeout=60) == 1
     assert "RuntimeError: the rank failed" in capfd.readouterr().err
@@ -98,7 +98,7 @@ def test_a_warm_rank_ends_on_its_groups_signal(tmp_path: Path, ranks: warm.WarmR
     """torchrun stops a rank by signalling its process group (its session of its own)."""
     script = tmp_path / "waits.py"
     script.write_text("import time\ntime.sleep(120)\n")
-    ranks.prepare(1, [])
+    ranks.prepare(1, [sys.executable, "-u", "rank.py"])
     proc = ranks.take([sys.executable, "-u", str(script)], dict(os.environ))
     assert proc is not None and os.getpgid(proc.pid) == proc.pid
     os.killpg(proc.pid, signal.SIGTERM)
@@ -116,27 +116,29 @@ def test_a_warm_rank_ends_on_its_groups_signal(tmp_path: Path, ranks: warm.WarmR
 def test_a_command_of_another_form_is_started_cold_and_no_interpreter_waits_on(
     ranks: warm.WarmRanks, command: list[str]
 ) -> None:
-    ranks.prepare(2, [])
+    ranks.prepare(2, [sys.executable, "-u", "rank.py"])
     started = list(ranks.waiting)
     assert ranks.take(command, dict(os.environ)) is None
     assert ranks.waiting == [] and all(proc.returncode is not None for proc in started)
+    ranks.prepare(2, command)  # known before they start: none is started for nothing
+    assert ranks.waiting == []
 
 
 def test_an_environment_changed_since_the_start_is_started_cold_torchs_settings_aside(
     ranks: warm.WarmRanks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     command = [sys.executable, "-u", "-m", "ddp_trainer", "--help"]
-    ranks.prepare(1, [])
+    ranks.prepare(1, [sys.executable, "-u", "rank.py"])
     monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM")  # torch's agent sets it
     proc = ranks.take(command, dict(os.environ))
     assert proc is not None and proc.wait(timeout=60) == 0
-    ranks.prepare(1, [])
+    ranks.prepare(1, [sys.executable, "-u", "rank.py"])
     monkeypatch.setenv("OMP_NUM_THREADS", "7")  # read as torch loads: the rank must see it
     assert ranks.take(command, dict(os.environ)) is None
 
 
 def test_an_interpreter_that_died_is_replaced_by_a_cold_start(ranks: warm.WarmRanks) -> None:
-    ranks.prepare(1, [])
+    ranks.prepare(1, [sys.executable, "-u", "rank.py"])
     ranks.waiting[0].kill()
     ranks.waiting[0].wait()
     assert ranks.take([sys.executable, "-u", "-m", "ddp_trainer"], dict(os.environ)) is None

@@ -79,6 +79,16 @@ def local_ranks(argv: Sequence[str]) -> int | None:
     return int(given) if given.isdigit() else None
 
 
+def rank_command(args: Any, python: str) -> list[str]:
+    """The command torchrun starts each rank with, for its parsed arguments (as its own
+    config_from_args builds it); empty where a rank is no command (--run-path)."""
+    if args.run_path:
+        return []
+    script = [*(["-m"] if args.module else []), args.training_script]
+    python_and_flag = [] if args.no_python else [python, warm.UNBUFFERED]
+    return [*python_and_flag, *script, *args.training_script_args]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import os
 
@@ -94,8 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.run import parse_args  # torch, once for this process and its forks
 
     args = parse_args(argv)  # type: ignore[no-untyped-call]
-    rank_argv = ["-m"] if args.module else []
-    if count and ranks.fork(count, [*rank_argv, args.training_script, *args.training_script_args]):
+    if count and ranks.fork(count, rank_command(args, ranks.python)):
         return warm.serve()  # a rank: its code, then its end, as `python -u` would end it
     try:
         return _run(args, ranks)

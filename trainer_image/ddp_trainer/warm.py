@@ -103,12 +103,12 @@ class WarmRanks:
         self.waiting: list[subprocess.Popen[bytes] | Forked] = []
         self.started_in: dict[str, str] = {}
 
-    def fork(self, count: int, argv: Sequence[str]) -> bool:
+    def fork(self, count: int, command: Sequence[str]) -> bool:
         """`count` interpreters forked from this one, the agent, which has imported torch and
-        started no thread of its own yet, for ranks whose command will be `argv` after
-        `python -u`: True in each of them, prepared (the caller then returns `serve()`), False
-        in the agent. Nothing where the ranks run another interpreter."""
-        if self.python != sys.executable:
+        started no thread of its own yet, for ranks torchrun will start with `command`: True
+        in each of them, prepared (the caller then returns `serve()`), False in the agent.
+        None where no warm interpreter could run such a rank, or not this one."""
+        if self.python != sys.executable or not self._runnable(command):
             return False
         self.close()
         self.started_in = dict(os.environ)
@@ -129,22 +129,24 @@ class WarmRanks:
                 os.close(read)
                 os.setsid()  # a session of its own, as torchrun's ranks
                 _unbuffered()
-                prepare(argv)
+                prepare(command[2:])
                 return True
             os.close(read)
             self.waiting.append(Forked(pid, os.fdopen(write, "wb")))
         return False
 
-    def prepare(self, count: int, argv: Sequence[str]) -> None:
-        """`count` interpreters for the next ranks, whose command will be `argv` after
-        `python -u`: those waiting, if as many wait and live."""
+    def prepare(self, count: int, command: Sequence[str]) -> None:
+        """`count` interpreters for the next ranks, which torchrun will start with `command`:
+        those waiting, if as many wait and live; none where no warm one could run them."""
         if len(self.waiting) == count and all(proc.poll() is None for proc in self.waiting):
             return
         self.close()
+        if not self._runnable(command):
+            return
         self.started_in = dict(os.environ)
         self.waiting = [
             subprocess.Popen(
-                [self.python, UNBUFFERED, "-m", MODULE, *argv],
+                [self.python, UNBUFFERED, "-m", MODULE, *command[2:]],
                 stdin=subprocess.PIPE,
                 env=self.started_in,
                 start_new_session=True,  # as torchrun's own: it signals the rank's group
@@ -182,12 +184,17 @@ class WarmRanks:
         self.waiting = []
 
     def _fits(self, command: Sequence[str]) -> bool:
+        unchanged = _without_agent_settings(os.environ) == _without_agent_settings(self.started_in)
+        return self._runnable(command) and unchanged
+
+    def _runnable(self, command: Sequence[str]) -> bool:
+        """Whether `command` is `python -u -m MODULE ...` or `python -u SCRIPT ...` with this
+        agent's interpreter: the two forms a warm one runs."""
         return (
             len(command) >= 3
             and command[0] == self.python
             and command[1] == UNBUFFERED
             and (command[2] != "-m" or len(command) >= 4)
-            and _without_agent_settings(os.environ) == _without_agent_settings(self.started_in)
         )
 
 
@@ -213,16 +220,16 @@ def install(ranks: WarmRanks) -> bool:
         to_terminal = (
             getattr(self, "_stdout", None) is None and getattr(self, "_stderr", None) is None
         )
-        proc = ranks.take(args, env) if to_terminal else None
-        if proc is None:
+        if not to_terminal:
             ranks.close()
             return popen(self, args, env)
-        return proc
+        return ranks.take(args, env) or popen(self, args, env)
 
     def prepare_and_initialize(self: Any, worker_group: Any) -> Any:
         spec = worker_group.spec
-        argv = [str(arg) for arg in spec.args]  # the rank's command after its interpreter
-        ranks.prepare(spec.local_world_size, argv[1:] if argv[:1] == [UNBUFFERED] else argv)
+        entrypoint = spec.entrypoint  # a command, or a function (--run-path): no warm rank
+        command = [entrypoint, *map(str, spec.args)] if isinstance(entrypoint, str) else []
+        ranks.prepare(spec.local_world_size, command)
         return initialize(self, worker_group)
 
     handler._popen = popen_warm
