@@ -30,6 +30,7 @@ TIER_NEEDS = {
     "trainer": ("LAUNCHERS",),
     "cluster": ("REAL_NODE",),  # tests/cluster/harness/test_real_node_host.py
     "e2e": ("REAL_NODE", "MPI_PODS"),
+    "kind": ("KIND",),
 }
 
 

@@ -64,6 +64,9 @@ JOBSET_CRD_FILE = "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
 # serves a directory.
 VERSITYGW_VERSION = "v1.8.0"
 VERSITYGW_MODULE = "github.com/versity/versitygw"
+# The kind path (devcluster.kind): kind itself, and a node image assembled from our builds.
+KIND_VERSION = "v0.33.0"
+KIND_MODULE = "sigs.k8s.io/kind"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +289,22 @@ ADDONS = (
         version=PROMETHEUS_VERSION,
         packages={"promtool": "github.com/prometheus/prometheus/cmd/promtool"},
         ldflags=(f"-X github.com/prometheus/common/version.Version={_prometheus_release()}",),
+    ),
+    GoBuild(
+        name="kind",
+        module=KIND_MODULE,
+        version=KIND_VERSION,
+        packages={"kind": KIND_MODULE},
+    ),
+    GoBuild(
+        name="kind-node",  # what a kind node runs beside the control plane's binaries
+        module="k8s.io/kubernetes",
+        version=KUBERNETES_VERSION,
+        packages={
+            binary: f"k8s.io/kubernetes/cmd/{binary}" for binary in ("kubeadm", "kube-proxy")
+        },
+        ldflags=_kubernetes_ldflags(KUBERNETES_VERSION),
+        staging_replaces=True,
     ),
     GoBuild(
         name="versitygw",

@@ -1,4 +1,5 @@
-"""`hack/dev-cluster.py build|up|down|status|mpi-operator|kueue|packages|tool`: the command line."""
+"""`hack/dev-cluster.py build|up|down|status|mpi-operator|kueue|kind-image|kind-env|packages|tool`:
+the command line."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 import devcluster
-from devcluster import controlplane, kueue, mpioperator, node, packages
+from devcluster import controlplane, kind, kueue, mpioperator, node, packages
 from devcluster.build import BUILDS, build_all, built
 from devcluster.paths import KUBECONFIG, STATE_DIR, BuildError, ClusterError, log
 from devcluster.processes import is_alive
@@ -77,6 +78,25 @@ def cmd_kueue(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_kind_image(args: argparse.Namespace) -> int:
+    """Assemble the kind node image from our builds (kept in the store once made)."""
+    packages.ensure([packages.KIND])
+    print(kind.node_image(rebuild=args.rebuild))
+    return 0
+
+
+def cmd_kind_env(_: argparse.Namespace) -> int:
+    """The shell lines that point kind at podman and at the node image, for a reader's shell."""
+    env = kind.environment()
+    for name in ("KIND_EXPERIMENTAL_PROVIDER", "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF"):
+        print(f"export {name}={env[name]}")
+    print(f"export PATH={built('kind').parent}:$PATH")
+    print(f"# kind create cluster --image {kind.NODE_IMAGE} --config {kind.cgroup_v1_config()}")
+    if not kind.MODULES.exists():
+        print(f"# kind mounts {kind.MODULES} into its nodes: `mkdir {kind.MODULES}` first")
+    return 0
+
+
 def cmd_down(_: argparse.Namespace) -> int:
     print("cluster stopped" if devcluster.down() else "cluster was not running")
     return 0
@@ -129,6 +149,12 @@ def main() -> int:
         ("packages", cmd_packages, "install the Debian packages the test tiers use (root)"),
     ):
         commands.add_parser(name, help=help_text).set_defaults(func=func)
+    kind_image = commands.add_parser("kind-image", help="assemble the kind node image (podman)")
+    kind_image.add_argument("--rebuild", action="store_true", help="even if it exists")
+    kind_image.set_defaults(func=cmd_kind_image)
+    commands.add_parser(
+        "kind-env", help="print the exports that run kind with podman here"
+    ).set_defaults(func=cmd_kind_env)
     tool = commands.add_parser("tool", help="run a pinned tool: tool NAME [ARGS...]")
     tool.add_argument("tool", help="actionlint, helm, kubectl, ...")
     tool.add_argument("args", nargs=argparse.REMAINDER)

@@ -70,7 +70,19 @@ MPI_PODS = Need(
 )
 # kube-router's firewall keeps the sets of pod addresses its iptables rules match in ipsets.
 NETWORK_POLICY = Need("NetworkPolicy on the real node", {"ipset": "ipset"})
-NEEDS = (REAL_NODE, LAUNCHERS, MPI_PODS, NETWORK_POLICY)
+# The kind path (devcluster.kind, tests/kind): podman as kind's provider, and the node image
+# assembled with mmdebstrap and buildah, its images imported by a containerd of its own.
+KIND = Need(
+    "the kind path",
+    {
+        **IMAGE_BUILDS.tools,
+        "podman": "podman",
+        "containerd": "containerd",
+        "ctr": "containerd",
+        "sysctl": "procps",
+    },
+)
+NEEDS = (REAL_NODE, LAUNCHERS, MPI_PODS, NETWORK_POLICY, KIND)
 INSTALLED = {tool: package for need in NEEDS for tool, package in need.tools.items()}
 
 # On every new machine of this project's kind (Debian 12 with Go, Python and gcc: coreutils,
