@@ -21,11 +21,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SYNCED := $(VENV)/.synced
 
-.PHONY: help venv test lint fmt crds manifests demo bench release-check cluster-build cluster-up cluster-down cluster-status clean
+.PHONY: help venv test test-kind lint fmt crds manifests demo bench release-check cluster-build cluster-up cluster-down cluster-status clean
 
 help:
 	@echo "make demo            run the example job locally: 2 CPU workers (digits), no download"
 	@echo "make test            lint + all test tiers (unit, trainer, cluster, e2e)"
+	@echo "make test-kind       docs/install.md's kind lines for real: podman, a local node image"
+	@echo "                     (minutes, about 20 GB of disk; not part of make test)"
 	@echo "make lint            ruff, mypy (--strict on hack/devcluster), the layer contract"
 	@echo "                     (lint-imports), hadolint, actionlint"
 	@echo "make crds            regenerate the CRD (manifests/ and the chart's crds/) from the API models"
@@ -65,6 +67,10 @@ fmt: venv
 
 test: lint
 	$(PY) -m pytest
+
+# docs/install.md's kind lines, run for real (tests/kind): minutes and about 20 GB of disk.
+test-kind: venv
+	KUBEDDP_KIND=1 $(PY) -m pytest tests/kind
 
 crds: venv
 	$(VENV)/bin/kube-ddp crd > manifests/crd.yaml

@@ -18,7 +18,8 @@ docs/dev-cluster.md describe it.
 | peers | Kubeflow's Training Operator v1, run against the cluster (`make bench`'s peer) |
 | kubeflow_trainer | Kubeflow Trainer v2 and JobSet, run against the cluster (`make bench`'s peer) |
 | webhooks | a component's admission webhooks served on 127.0.0.1, registered by URL |
-| cli | `hack/dev-cluster.py build|up|down|status|mpi-operator|kueue|packages|tool` |
+| kind | kind with podman here, and its node image assembled from our builds |
+| cli | `hack/dev-cluster.py build|up|down|status|mpi-operator|kueue|kind-*|packages|tool` |
 
 What tests and benchmarks use is re-exported here.
 """
@@ -26,6 +27,8 @@ What tests and benchmarks use is re-exported here.
 from devcluster import (
     controlplane,
     host,
+    images,
+    kind,
     kubeflow_trainer,
     kueue,
     mpioperator,
@@ -78,6 +81,8 @@ __all__ = [
     "down",
     "free_port",
     "host",
+    "images",
+    "kind",
     "kubeflow_trainer",
     "kueue",
     "module_dir",

@@ -237,6 +237,14 @@ def _python_base(name: str = PYTHON_BASE, python: str = "python3-venv") -> None:
             run(*_buildah(), "rm", container, check=False)
 
 
+def python_bases() -> dict[str, str]:
+    """The local stand-ins for the Dockerfiles' `PYTHON_IMAGE` (made once): the operator's
+    base, and the torch CPU base's, which runs pip."""
+    _python_base()
+    _python_base(PIP_BASE, "python3-pip")
+    return {"Dockerfile": PYTHON_BASE, "trainer_image/torch-cpu.Dockerfile": PIP_BASE}
+
+
 def _bud(what: str, *args: str) -> None:
     """`buildah bud` in the repository: host network, the host's CA bundle mounted for pip."""
     run(

@@ -172,6 +172,7 @@ def host_prepared() -> Iterator[dict[str, str]]:
     /lib/modules while there is none, and the network podman makes for kind removed, with the
     sysctls and iptables rules it changed."""
     record = host.HostRecord.take()
+    links = _links()
     made_modules = not MODULES.exists()
     if made_modules:
         MODULES.mkdir()
@@ -180,9 +181,15 @@ def host_prepared() -> Iterator[dict[str, str]]:
         yield env
     finally:
         run("podman", "network", "rm", "--force", KIND_NETWORK, check=False, env=env)
+        for link in _links() - links:  # podman's bridges and their veths
+            run("ip", "link", "delete", link, check=False)
         if made_modules:
             MODULES.rmdir()
         record.restore([])
+
+
+def _links() -> set[str]:
+    return {path.name for path in Path("/sys/class/net").iterdir()}
 
 
 # --- the node image ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import yaml
 
 from kube_ddp.builders import NCCL_WATCHDOG_ENV
 from kube_ddp.reasons import PodReason, Reason
+from tests.kind.lines import as_run_here, build_arg, dockerfile, kind_lines
 from tests.unit.support import REPO
 
 # Top-level folders a reference to a repository path starts with.
@@ -100,3 +102,44 @@ def test_the_design_lists_every_watchdog_setting_with_its_value() -> None:
     design = (REPO / "docs" / "design.md").read_text()
     for name, value in NCCL_WATCHDOG_ENV.items():
         assert f"| `{name}` | {value} |" in design, name
+
+
+def test_the_kind_lines_build_the_trainer_on_its_torch_pin() -> None:
+    """docs/install.md's kind lines (run by `make test-kind`) build the CPU torch base at the
+    trainer's pin, and the trainer on that base."""
+    pin = subprocess.run(
+        [sys.executable, str(REPO / "hack" / "release.py"), "torch-version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    builds = [line for line in kind_lines() if line[:2] == ["docker", "build"]]
+    torch = {dockerfile(b): build_arg(b, "TORCH_VERSION") for b in builds}
+    assert torch["trainer_image/torch-cpu.Dockerfile"] == pin, builds
+    (trainer,) = [b for b in builds if dockerfile(b) == "trainer_image/Dockerfile"]
+    assert build_arg(trainer, "BASE_IMAGE") == f"localhost/torch-cpu:{pin}"
+
+
+def test_the_kind_tier_runs_the_kind_lines_the_podman_way(tmp_path: Path) -> None:
+    """What the Podman paragraph of that section says, as the kind tier applies it."""
+    local = {
+        "python_bases": {"trainer_image/torch-cpu.Dockerfile": "local/pip"},
+        "torch_index": "https://index.invalid/simple",
+        "ca_bundle": Path("/ca.crt"),
+        "node_image": "local/node",
+        "cgroup_v1_config": tmp_path / "v1.yaml",
+        "archive": tmp_path / "images.tar",
+    }
+    run_here = [as_run_here(line, **local) for line in kind_lines()]  # type: ignore[arg-type]
+    assert run_here[0] == [
+        [*kind_lines()[0], "--image", "local/node", "--config", f"{tmp_path}/v1.yaml"]
+    ]
+    (load,) = [r for r, line in zip(run_here, kind_lines(), strict=True) if line[1] == "load"]
+    assert [command[:3] for command in load] == [
+        ["podman", "save", "-m"],
+        ["kind", "load", "image-archive"],
+    ]
+    torch = next(r[0] for r in run_here if "trainer_image/torch-cpu.Dockerfile" in r[0])
+    assert torch[:2] == ["podman", "build"]
+    for arg in ("PYTHON_IMAGE=local/pip", "TORCH_INDEX=https://index.invalid/simple"):
+        assert arg in torch
