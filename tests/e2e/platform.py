@@ -36,6 +36,8 @@ from typing import Any
 from ddp_trainer import contract
 from tests.cluster.support import REPO, Cluster, enforce
 
+IMAGE_OWNER = f"{contract.IMAGE_UID}:{contract.IMAGE_GID}"  # the trainer image's user
+
 JobSpec = Callable[[dict[str, Any]], dict[str, Any]]  # a job's spec, completed for the platform
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -185,13 +187,25 @@ class ExternalPlatform(Platform):
     def kill_rank(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
         self._on_node(pod, f"kill -{int(sig)} $(cat /proc/$main/task/$main/children)")
 
+    def scratch_volume(self, name: str, namespace: str) -> dict[str, Any]:
+        """Made on the node and owned by the image's user, as DevPlatform's: the kubelet would
+        make a hostPath directory root's, and fsGroup does not reach hostPath."""
+        volume = super().scratch_volume(name, namespace)
+        path = volume["hostPath"]["path"]
+        self._on_the_node(f"mkdir -p {path} && chown {IMAGE_OWNER} {path}")
+        return volume
+
     def _on_node(self, pod: Any, script: str) -> None:
-        """Run `script` on the pod's node, `$main` the pid of its container's main process."""
+        """Run `script` on the pod's node, `$main` the pid of its container's main process
+        (containerd's task list: crictl is not on every node image)."""
+        container_id = pod.status.container_statuses[0].container_id.split("://")[-1]
+        pid = f"ctr -n k8s.io tasks list | awk '$1 == \"{container_id}\" {{print $2}}'"
+        self._on_the_node(f"main=$({pid}); {script}")
+
+    def _on_the_node(self, script: str) -> None:
         if not self.node_exec:
             raise AssertionError("set KUBEDDP_E2E_NODE_EXEC to reach the node's processes")
-        container_id = pod.status.container_statuses[0].container_id.split("://")[-1]
-        pid = f"crictl inspect --output go-template --template '{{{{.info.pid}}}}' {container_id}"
-        subprocess.run([*self.node_exec, "sh", "-c", f"main=$({pid}); {script}"], check=True)
+        subprocess.run([*self.node_exec, "sh", "-c", script], check=True)
 
 
 def dev_platform(cluster: Cluster, helm: Path) -> DevPlatform:
