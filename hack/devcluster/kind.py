@@ -19,6 +19,7 @@ the dev cluster builds, tagged with the names kubeadm asks for, and containerd i
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import resource
@@ -31,12 +32,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from devcluster import host, images
-from devcluster.build import KIND_MODULE, KIND_VERSION, KUBERNETES_VERSION, built, module_dir
+from devcluster.build import (
+    COREDNS_VERSION,
+    ETCD_VERSION,
+    KIND_MODULE,
+    KIND_VERSION,
+    KUBERNETES_VERSION,
+    built,
+    module_dir,
+)
 from devcluster.paths import CACHE_DIR, ClusterError, log
 from devcluster.processes import run
 
 NODE_IMAGE = f"localhost/kube-ddp-kind-node:{KUBERNETES_VERSION}"
-# systemd 256 and later refuse to boot on cgroup v1, which this VM has: bookworm's is 252.
+# This VM has cgroup v1, which systemd gives up from 256 on (trixie's is 257): bookworm's 252.
 NODE_SUITE = "bookworm"
 NODE_PACKAGES = (
     "systemd", "conntrack", "iptables", "nftables", "iproute2", "ethtool", "util-linux",
@@ -339,13 +348,33 @@ def _node_tree(work: Path, containerd_root: Path) -> Path:
     return tree
 
 
-def node_image_exists() -> bool:
-    return images._image_exists(NODE_IMAGE)
+RECIPE_LABEL = "io.kube-ddp.recipe"
+
+
+def _recipe() -> str:
+    """What the node image is made of: this module, pause.c and the pinned versions. A
+    different recipe means a new image."""
+    digest = hashlib.sha256()
+    for path in (Path(__file__), images.HERE / "pause.c"):
+        digest.update(path.read_bytes())
+    digest.update(f"{KIND_VERSION} {KUBERNETES_VERSION} {ETCD_VERSION} {COREDNS_VERSION}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _built_recipe() -> str | None:
+    """The recipe label of the node image in the store, None without one."""
+    inspect = [*images._buildah(), "inspect", "--type", "image", "--format"]
+    label = '{{index .OCIv1.Config.Labels "' + RECIPE_LABEL + '"}}'
+    done = subprocess.run(
+        [*inspect, label, NODE_IMAGE], capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def node_image(rebuild: bool = False) -> str:
-    """The kind node image, assembled once into the buildah store podman shares (minutes)."""
-    if node_image_exists() and not rebuild:
+    """The kind node image, assembled into the buildah store podman shares (minutes) unless
+    one of the same recipe is there."""
+    if _built_recipe() == _recipe() and not rebuild:
         return NODE_IMAGE
     start = time.monotonic()
     log(f"assembling the kind node image {NODE_IMAGE} (minutes)")
@@ -371,7 +400,7 @@ def node_image(rebuild: bool = False) -> str:
                 "--stop-signal", "SIGRTMIN+3",
                 "--entrypoint", '["/usr/local/bin/entrypoint", "/sbin/init"]',
                 "--cmd", "",
-                "--label", f"io.kube-ddp.kind-version={KIND_VERSION}",
+                "--label", f"{RECIPE_LABEL}={_recipe()}",
                 container,
             )  # fmt: skip
             old = run(*buildah, "images", "--quiet", NODE_IMAGE, check=False).strip()
