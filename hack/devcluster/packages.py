@@ -90,8 +90,10 @@ INSTALLED = {tool: package for need in NEEDS for tool, package in need.tools.ite
 BASE = frozenset(
     {
         "apt-get",
+        "awk",  # mawk, required by Debian; also run in a kind node (tests/e2e/platform.py)
         "bash",
         "cat",
+        "chown",
         "env",
         "gcc",
         "getent",  # the MPI launcher's script waits on it (libc-bin)

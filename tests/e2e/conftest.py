@@ -38,8 +38,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
+# Set: the tier runs on that cluster (tests/e2e/platform.py's ExternalPlatform), e.g. kind.
+EXTERNAL_KUBECONFIG = "KUBEDDP_E2E_KUBECONFIG"
+
+
 def external_cluster() -> Cluster | None:
-    kubeconfig = os.environ.get("KUBEDDP_E2E_KUBECONFIG")
+    kubeconfig = os.environ.get(EXTERNAL_KUBECONFIG)
     if not kubeconfig:
         return None
     api = kubernetes.config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
