@@ -26,8 +26,8 @@ SYNCED := $(VENV)/.synced
 help:
 	@echo "make demo            run the example job locally: 2 CPU workers (digits), no download"
 	@echo "make test            lint + all test tiers (unit, trainer, cluster, e2e)"
-	@echo "make test-kind       docs/install.md's kind lines for real: podman, a local node image"
-	@echo "                     (minutes, about 20 GB of disk; not part of make test)"
+	@echo "make test-kind       on kind (podman, a local node image): docs/install.md's kind lines,"
+	@echo "                     then the e2e tier (about 20 min and 20 GB of disk; not in make test)"
 	@echo "make lint            ruff, mypy (--strict on hack/devcluster), the layer contract"
 	@echo "                     (lint-imports), hadolint, actionlint"
 	@echo "make crds            regenerate the CRD (manifests/ and the chart's crds/) from the API models"
@@ -68,7 +68,8 @@ fmt: venv
 test: lint
 	$(PY) -m pytest
 
-# docs/install.md's kind lines, run for real (tests/kind): minutes and about 20 GB of disk.
+# On kind with Podman (tests/kind): docs/install.md's kind lines, then the e2e tier as the
+# GitHub workflow runs it. About 20 minutes and 20 GB of disk: not part of `make test`.
 test-kind: venv
 	KUBEDDP_KIND=1 $(PY) -m pytest tests/kind
 
