@@ -61,7 +61,8 @@ ETCD_IMAGE = f"{REGISTRY}/etcd:3.6.8-0"
 COREDNS_IMAGE = f"{REGISTRY}/coredns/coredns:v1.14.2"
 PAUSE_IMAGE = f"{REGISTRY}/pause:3.10.2"
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
-POD_SUBNET = "10.244.0.0/16"  # kind's default; the one node gets 10.244.0.0/24
+# The pod CIDR of the one node: the first /24 of kind's default pod subnet, 10.244.0.0/16.
+NODE_POD_CIDR = "10.244.0.0/24"
 KIND_DIR = CACHE_DIR / "kind"
 KIND_NETWORK = "kind"  # the podman network kind creates and never removes
 # kind mounts it into every node; this VM has none (its kernel has everything built in).
@@ -108,7 +109,7 @@ CNI_CONFIG = {
             "hairpinMode": True,
             "ipam": {
                 "type": "host-local",
-                "ranges": [[{"subnet": "10.244.0.0/24"}]],
+                "ranges": [[{"subnet": NODE_POD_CIDR}]],
                 "routes": [{"dst": "0.0.0.0/0"}],
             },
         },
