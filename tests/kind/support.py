@@ -3,6 +3,7 @@ on the host kind needs (hack/devcluster/kind.py)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ def dev_cluster() -> ModuleType:
     return dev
 
 
+@functools.cache
 def pinned_tools() -> dict[str, str]:
     """kind, kubectl and helm from the binary cache, by name."""
     built = load_dev_cluster().built
@@ -48,7 +50,9 @@ def kind_host(kubeconfig: Path, cluster: str) -> Iterator[dict[str, str]]:
             )
 
 
-def run_step(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_step(
+    command: list[str], env: dict[str, str], timeout: float = STEP_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
     """One command in the repository, the pinned tools for their names."""
     tool = pinned_tools().get(command[0], command[0])
     return subprocess.run(
@@ -57,6 +61,6 @@ def run_step(command: list[str], env: dict[str, str]) -> subprocess.CompletedPro
         env=env,
         capture_output=True,
         text=True,
-        timeout=STEP_TIMEOUT_S,
+        timeout=timeout,
         check=False,
     )

@@ -7,13 +7,11 @@ as they do in the workflow."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.support import REPO
 from tests.kind import support
 
 if not support.ENABLED:
@@ -52,13 +50,9 @@ def test_the_e2e_tier_passes_on_kind(tmp_path: Path) -> None:
             KUBEDDP_E2E_KUBECTL=tools["kubectl"],
             KUBEDDP_E2E_HELM=tools["helm"],
         )
-        tier = subprocess.run(
+        tier = support.run_step(
             [sys.executable, "-m", "pytest", "tests/e2e", "-p", "no:cacheprovider", "-q"],
-            cwd=REPO,
-            env=e2e_env,
-            capture_output=True,
-            text=True,
+            e2e_env,
             timeout=E2E_TIMEOUT_S,
-            check=False,
         )
     assert tier.returncode == 0, tier.stdout[-8000:] + tier.stderr[-2000:]

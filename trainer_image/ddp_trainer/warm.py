@@ -107,7 +107,7 @@ class WarmRanks:
         """`count` interpreters forked from this one, the agent, which has imported torch and
         started no thread of its own yet, for ranks torchrun will start with `command`: True
         in each of them, prepared (the caller then returns `serve()`), False in the agent.
-        None where no warm interpreter could run such a rank, or not this one."""
+        Nothing started where no warm interpreter could run such a rank, or not this one."""
         if self.python != sys.executable or not self._runnable(command):
             return False
         self.close()
