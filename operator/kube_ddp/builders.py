@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -570,8 +570,15 @@ def build_service(job: DDPTrainingJob) -> Obj:
     }
 
 
-def build_worker_pod(job: DDPTrainingJob, index: int, attempt: int, settings: BuildSettings) -> Obj:
-    """Worker `index` of attempt `attempt` (torchrun launcher)."""
+def build_worker_pod(
+    job: DDPTrainingJob,
+    index: int,
+    attempt: int,
+    settings: BuildSettings,
+    name: str | None = None,
+) -> Obj:
+    """Worker `index` of attempt `attempt` (torchrun launcher), named `name` (a successor's,
+    `names.successor_name`) or the worker's first name."""
     spec = job.spec
     if spec.command is not None:
         command, args = user_command(job, index), list(spec.args or [])
@@ -590,7 +597,7 @@ def build_worker_pod(job: DDPTrainingJob, index: int, attempt: int, settings: Bu
     pod_spec = _pod_spec(job, [container])
     pod_spec["hostname"] = names.worker_name(job.name, index)
     pod_spec["subdomain"] = job.name
-    name = names.worker_name(job.name, index)
+    name = name or names.worker_name(job.name, index)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -604,9 +611,14 @@ def build_worker_pods(
     attempt: int,
     settings: BuildSettings,
     indices: Iterable[int] | None = None,
+    pod_names: Sequence[str] = (),
 ) -> list[Obj]:
-    chosen = range(job.spec.nodes) if indices is None else indices
-    return [build_worker_pod(job, i, attempt, settings) for i in chosen]
+    chosen = list(range(job.spec.nodes) if indices is None else indices)
+    named: Sequence[str | None] = pod_names or [None] * len(chosen)
+    return [
+        build_worker_pod(job, i, attempt, settings, name)
+        for i, name in zip(chosen, named, strict=True)
+    ]
 
 
 # Passed on to every rank by mpirun: ranks started over ssh get sshd's environment, not the
@@ -920,11 +932,12 @@ def build_children(
     attempt: int = 0,
     settings: BuildSettings | None = None,
     indices: Iterable[int] | None = None,
+    pod_names: Sequence[str] = (),
 ) -> list[Obj]:
     """Everything the operator creates for `job` at `attempt` (only the worker pods in
-    `indices`, when given), in creation order: the NetworkPolicy before any pod, so none is
-    open for a moment; pods last, since they name the ServiceAccount (and their PodGroup,
-    which must exist before its pods are scheduled)."""
+    `indices`, when given, under `pod_names` where given), in creation order: the
+    NetworkPolicy before any pod, so none is open for a moment; pods last, since they name the
+    ServiceAccount (and their PodGroup, which must exist before its pods are scheduled)."""
     settings = settings or BuildSettings()
     rbac = build_reporter_rbac(job)
     policy = build_network_policy(job, settings)
@@ -935,7 +948,7 @@ def build_children(
         return [*guarded, *rbac, *grouped, build_mpijob(job, attempt, settings)]
     pods = [
         kueue.placed_by_topology(job, kueue.POD_SET, gang.join(job, p))
-        for p in build_worker_pods(job, attempt, settings, indices)
+        for p in build_worker_pods(job, attempt, settings, indices, pod_names)
     ]
     return [build_service(job), *guarded, *rbac, *grouped, *pods]
 

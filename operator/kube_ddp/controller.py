@@ -401,7 +401,9 @@ class Controller:
     ) -> None:
         namespace, name = key
         if isinstance(action, CreateWorkers):
-            children = build_children(job, action.attempt, self.build_settings, action.indices)
+            children = build_children(
+                job, action.attempt, self.build_settings, action.indices, action.pod_names
+            )
             kopf.adopt(children, owner=kopf.Body(cast(kopf.RawBody, body)))
             pods = [c for c in children if c["kind"] == "Pod"]
             others = [c for c in children if c["kind"] != "Pod"]

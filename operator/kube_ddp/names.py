@@ -68,7 +68,26 @@ MIN_PROGRESS_DEADLINE_SECONDS: Final = contract.MIN_PROGRESS_DEADLINE_SECONDS
 
 
 def worker_name(job: str, index: int) -> str:
+    """Worker `index`'s hostname (its DNS name in the job's Service) and its first pod's name."""
     return f"{job}-worker-{index}"
+
+
+def successor_name(job: str, index: int, generation: int) -> str:
+    """The name of a replaced worker's pod: `generation` 0 is its first name, 1 and on are
+    `<first name>-r<generation>`, for a successor created while its predecessor still holds the
+    first name. Its hostname stays `worker_name`."""
+    first = worker_name(job, index)
+    return first if generation == 0 else f"{first}-r{generation}"
+
+
+def worker_index(job: str, pod_name: str) -> int | None:
+    """The worker index in a pod name `worker_name` or `successor_name` gave; None for another."""
+    prefix = worker_name(job, 0)[:-1]
+    suffix = pod_name.removeprefix(prefix)
+    index, marked, generation = suffix.partition("-r")
+    if suffix == pod_name or not index.isdigit() or (marked and not generation.isdigit()):
+        return None
+    return int(index)
 
 
 def master_addr(job: str, namespace: str) -> str:

@@ -134,6 +134,14 @@ class Jobs:
 
         return wait_for(ready, f"{count} {phase} pods of {job} (attempt {attempt})", timeout)
 
+    def wait_workers(
+        self, job: str, count: int, attempt: int = 0, timeout: float = 30
+    ) -> dict[int, Any]:
+        """`wait_pods`' running pods by worker index: a successor's pod name is not its
+        worker's first (`names.successor_name`)."""
+        pods = self.wait_pods(job, count, attempt=attempt, timeout=timeout)
+        return {int(p.metadata.labels[names.LABEL_REPLICA_INDEX]): p for p in pods}
+
     def end_worker(self, pod_name: str, exit_code: int) -> None:
         """Make a running worker exit with `exit_code` (kwok's simulated kubelet obeys)."""
         body = {"metadata": {"annotations": {SIM_EXIT_CODE: str(exit_code)}}}

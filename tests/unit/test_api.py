@@ -104,6 +104,17 @@ def test_longest_name_still_gives_valid_hostnames() -> None:
     assert len(names.worker_name(job.name, 1023)) == 63
 
 
+def test_a_successors_name_gives_back_its_worker() -> None:
+    """A worker's pods, its first and its successors (`-r1`...), all name its index; no other
+    pod name does."""
+    for generation in (0, 1, 12):
+        assert names.worker_index("bar", names.successor_name("bar", 3, generation)) == 3
+    assert names.successor_name("bar", 3, 0) == names.worker_name("bar", 3)
+    others = ("bar-worker-", "bar-worker-3-r", "bar-worker-3-rx", "bar-launcher", "baz-worker-3")
+    for other in others:
+        assert names.worker_index("bar", other) is None, other
+
+
 def test_every_problem_is_reported_at_once() -> None:
     lines = problems(
         {

@@ -276,6 +276,20 @@ def test_pod_identity_labels_and_dns() -> None:
     assert "ownerReferences" not in pod["metadata"]
 
 
+def test_a_successor_pod_keeps_its_workers_hostname_and_labels() -> None:
+    """Created beside its predecessor under another name: the same DNS name and index."""
+    first = worker(GPU_2X8, index=1, attempt=3)
+    (successor,) = [
+        c
+        for c in build_children(make_job(**GPU_2X8), 3, SETTINGS, (1,), ("bar-worker-1-r1",))
+        if c["kind"] == "Pod"
+    ]
+    validate_strict(successor)
+    assert successor["metadata"]["name"] == "bar-worker-1-r1"
+    assert successor["spec"] == first["spec"]
+    assert successor["metadata"]["labels"] == first["metadata"]["labels"]
+
+
 def test_children_in_creation_order() -> None:
     children = build_children(make_job(**GPU_2X8), settings=SETTINGS)
     assert [(c["kind"], c["metadata"]["name"]) for c in children] == [

@@ -496,7 +496,7 @@ def test_a_lost_worker_of_a_job_that_restarts_in_place_is_replaced_alone(tmp_pat
     script = (
         "import os, signal, time; from pathlib import Path\n"
         "out, pod = Path(os.environ['OUT']), os.environ['KUBEDDP_POD_NAME']\n"
-        "if pod.endswith('-1'):\n"
+        "if '-worker-1' in pod:\n"
         "    first = not (out / 'lost').exists()\n"
         "    (out / ('replaced', 'lost')[first]).write_text(str(os.getppid()))\n"
         "    if first: os.kill(os.getppid(), signal.SIGKILL); time.sleep(600)\n"
@@ -518,7 +518,7 @@ def test_a_lost_worker_of_a_job_that_restarts_in_place_is_replaced_alone(tmp_pat
         ("bar-worker-0", "0", "0"),
         ("bar-worker-1", "0", "137"),
     ]
-    assert (rows[2][0], rows[2][1], rows[2][3] in ("0", "143")) == ("bar-worker-1", "0", True)
+    assert (rows[2][0], rows[2][1], rows[2][3] in ("0", "143")) == ("bar-worker-1-r1", "0", True)
     assert len(rows) == 3
     assert (tmp_path / "worker-0-saw-it").read_text() == "0"
     assert (tmp_path / "lost").read_text() != (tmp_path / "replaced").read_text()
@@ -532,7 +532,7 @@ def test_a_killed_rank_restarts_in_place_and_is_counted(tmp_path: Path) -> None:
     script = (
         "import os, signal, time; from pathlib import Path\n"
         "out, pod = Path(os.environ['OUT']), os.environ['KUBEDDP_POD_NAME']\n"
-        "if pod.endswith('-1'):\n"
+        "if '-worker-1' in pod:\n"
         "    if not (out / 'crashed').exists():\n"
         "        (out / 'crashed').write_text(''); os.kill(os.getpid(), signal.SIGKILL)\n"
         "    (out / 'again').write_text(''); raise SystemExit(0)\n"

@@ -4,6 +4,7 @@ the whole group."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -154,28 +155,35 @@ class LossCase:
     run_policy: dict[str, Any] = field(default_factory=dict)
 
 
+def successor(index: int, name: str) -> CreateWorkers:
+    """The successor of worker `index`, created at once under `name`."""
+    return CreateWorkers(2, (index,), (name,))
+
+
+# While the lost pod holds the worker's first name, its successor takes the next free one.
+SECOND_NAME = successor(1, "bar-worker-1-r1")
 EVICTED = {"reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting"}
 LOSSES = [
-    LossCase("worker 1 vanished: created again now", (up(0),), (CreateWorkers(2, (1,)),)),
+    LossCase("worker 1 vanished: created again now", (up(0),), (successor(1, "bar-worker-1"),)),
     LossCase(
         "worker 1 evicted: its pod deleted first",
         (up(0), pod(1, "Failed", attempt=2, exit_code=137, **EVICTED)),
-        (delete(1),),
+        (delete(1), SECOND_NAME),
     ),
     LossCase(
         "worker 1 OOM-killed as a container",
         (up(0), pod(1, "Failed", attempt=2, exit_code=137, reason="OOMKilled")),
-        (delete(1),),
+        (delete(1), SECOND_NAME),
     ),
     LossCase(
         "worker 1's node lost: a pod already going",
         (up(0), pod(1, "Unknown", attempt=2, deleting=True, node="n1")),
-        (),
+        (SECOND_NAME,),
     ),
     LossCase(
         "worker 1's agent gave up on the rendezvous (88)",
         (up(0), pod(1, "Failed", attempt=2, exit_code=88, reason="Error")),
-        (delete(1),),
+        (delete(1), SECOND_NAME),
     ),
     LossCase(
         "worker 1 saved on SIGTERM alone (86): a preemption, not a restart",
@@ -183,7 +191,7 @@ LOSSES = [
             up(0),
             pod(1, "Failed", attempt=2, exit_code=86, deleting=True, reason="Error"),
         ),
-        (),
+        (SECOND_NAME,),
         restarts=2,
         preemptions=1,
         reason=Reason.PREEMPTED,
@@ -206,13 +214,34 @@ def test_a_lost_worker_other_than_worker_0_is_replaced_alone(case: LossCase) -> 
 def test_a_replacement_goes_on_without_counting_again() -> None:
     replacing = attempt2(restarts=3, replacing=[1])
     going = pod(1, "Failed", attempt=2, exit_code=137, deleting=True, **EVICTED)
-    waits = decide(job(replacing), [up(0), going], NOW)
-    assert (waits.actions, waits.status.restarts, waits.status.replacing) == ((), 3, [1])
+    goes_on = decide(job(replacing), [up(0), going], NOW)
+    assert (goes_on.actions, goes_on.status.restarts) == ((SECOND_NAME,), 3)
     gone = decide(job(replacing), [up(0)], NOW)
-    assert gone.actions == (CreateWorkers(2, (1,)),)
+    assert gone.actions == (successor(1, "bar-worker-1"),)
     assert (gone.status.restarts, gone.status.replacing) == (3, [1])
     back = decide(job(replacing), [up(0), pod(1, "Pending", attempt=2)], NOW)
     assert (back.actions, back.status.restarts, back.status.replacing) == ((), 3, [])
+
+
+def test_a_successor_created_and_not_seen_yet_is_the_worker() -> None:
+    """Expected (its create returned, the watch has not shown it): it stands for the worker,
+    and no second successor is made beside the lost pod still going."""
+    going = pod(1, "Failed", attempt=2, exit_code=137, deleting=True, **EVICTED)
+    replacing = attempt2(restarts=3, replacing=[1])
+    decision = decide(job(replacing), [up(0), going], NOW, expected=["bar-worker-1-r1"])
+    assert (decision.actions, decision.status.restarts, decision.status.replacing) == ((), 3, [])
+
+
+def test_a_successor_takes_the_first_name_no_pod_holds() -> None:
+    """Back to the first name once it is free; past a second name still held."""
+    lost = pod(1, "Failed", attempt=2, exit_code=137, reason="OOMKilled", created_at=CREATED)
+    second = dataclasses.replace(lost, name="bar-worker-1-r1")
+    for pods, name in (
+        ([up(0), second], "bar-worker-1"),
+        ([up(0), second, dataclasses.replace(lost, deleting=True)], "bar-worker-1-r2"),
+    ):
+        decision = decide(job(attempt2()), pods, NOW)
+        assert decision.actions[-1] == successor(1, name), pods
 
 
 def test_a_lost_pod_is_deleted_only_as_the_pod_it_was() -> None:
@@ -220,7 +249,7 @@ def test_a_lost_pod_is_deleted_only_as_the_pod_it_was() -> None:
     successor's (the watch of one pod can lag behind another's)."""
     lost = pod(1, "Failed", attempt=2, exit_code=137, uid="uid-lost", **EVICTED)
     decision = decide(job(attempt2()), [up(0), lost], NOW)
-    assert decision.actions == (DeletePods(("bar-worker-1",), uids=("uid-lost",)),)
+    assert decision.actions == (DeletePods(("bar-worker-1",), uids=("uid-lost",)), SECOND_NAME)
 
 
 def test_a_lost_pod_seen_beside_its_successor_is_not_lost_again() -> None:
@@ -305,7 +334,7 @@ def test_what_still_restarts_the_group_or_fails(case: GroupCase) -> None:
 def test_an_elastic_job_short_of_a_worker_keeps_running() -> None:
     spec = {"nodes": 3, "elastic": {"minNodes": 2, "maxNodes": 3}}
     lost = decide(job(attempt2(), **spec), [up(0), up(1)], NOW)
-    assert lost.actions == (CreateWorkers(2, (2,)),)
+    assert lost.actions == (successor(2, "bar-worker-2"),)
     assert lost.status.phase == "Running"
     assert lost.status.replacing == [2]
     waiting = decide(job(lost.status.model_dump(by_alias=True), **spec), [up(0), up(1)], NOW)

@@ -185,12 +185,16 @@ class LocalSettings:
 
 
 def worker_launches(
-    job: DDPTrainingJob, attempt: int, indices: tuple[int, ...], local: LocalSettings
+    job: DDPTrainingJob,
+    attempt: int,
+    indices: tuple[int, ...],
+    local: LocalSettings,
+    pod_names: tuple[str, ...] = (),
 ) -> list[WorkerLaunch]:
     """The worker pods the operator would create for `attempt`, as local processes."""
     pods = [
         obj
-        for obj in build_children(job, attempt, BuildSettings(), indices)
+        for obj in build_children(job, attempt, BuildSettings(), indices, pod_names)
         if obj["kind"] == "Pod"
     ]
     return [_launch(job, pod, local) for pod in pods]

@@ -169,7 +169,10 @@ class _Runner:
         return self.status.phase in FINISHED
 
     def _create(self, action: CreateWorkers) -> None:
-        for launch in worker_launches(self.job, action.attempt, action.indices, self.settings):
+        launches = worker_launches(
+            self.job, action.attempt, action.indices, self.settings, action.pod_names
+        )
+        for launch in launches:
             pod = LocalPod(launch, self.console.worker_line, self._wake.set)
             pod.start()
             self.pods[pod.name] = pod

@@ -17,10 +17,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class CreateWorkers:
-    """Create the Service and the worker pods of `attempt` that do not exist yet."""
+    """Create the Service and the worker pods of `attempt` that do not exist yet: workers
+    `indices`, under `pod_names` (one per index; empty: each worker's first name)."""
 
     attempt: int
     indices: tuple[int, ...]
+    pod_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

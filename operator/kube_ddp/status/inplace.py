@@ -1,12 +1,14 @@
 """Restarts in place (`runPolicy.restartStrategy: InPlace`, docs/design.md "Failure rules"): the
 pods' agents restart their ranks and say so in `status.rankRestart`, which is counted here; a
-lost worker other than worker 0 is the only pod replaced, under the same attempt."""
+lost worker other than worker 0 is the only pod replaced, under the same attempt, by a successor
+created at once under a name of its own (`names.successor_name`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import datetime
 
+from kube_ddp import names
 from kube_ddp.api import DDPTrainingJob, Failure
 from kube_ddp.reasons import PodReason, Reason
 from kube_ddp.status.draft import CreateWorkers, Draft, Event
@@ -94,10 +96,11 @@ def replace(
     failures: list[WorkerFailure],
     workers: Mapping[int, PodView],
     group: Group,
+    taken_names: Collection[str],
 ) -> None:
-    """Replace each failed worker alone, under the same name and attempt, while its peers wait
-    in the rendezvous: a preemption where it saved on SIGTERM, else a restart (`WorkerReplaced`),
-    or Failed once backoffLimit is reached."""
+    """Replace each failed worker alone, under the same attempt, while its peers wait in the
+    rendezvous: a preemption where it saved on SIGTERM, else a restart (`WorkerReplaced`), or
+    Failed once backoffLimit is reached."""
     limit = job.spec.run_policy.backoff_limit
     counted = [f for f in failures if not f.preempted]
     if counted and draft.status.restarts + len(counted) > limit:
@@ -125,23 +128,38 @@ def replace(
         draft.events.append(Event("Warning", Reason.WORKER_REPLACED, message))
         draft.condition("Restarting", "True", Reason.WORKER_REPLACED, message)
     draft.update(replacing=sorted({*draft.status.replacing, *(f.index for f in failures)}))
-    go_on_replacing(draft, workers)
+    go_on_replacing(draft, job, workers, taken_names)
 
 
-def go_on_replacing(draft: Draft, workers: Mapping[int, PodView]) -> None:
-    """The next step of each replacement under way: delete the lost pod, create its successor
-    once the name is free, and forget the replacement once the successor is there."""
-    left, missing, doomed = [], [], []
+def go_on_replacing(
+    draft: Draft, job: DDPTrainingJob, workers: Mapping[int, PodView], taken_names: Collection[str]
+) -> None:
+    """The next step of each replacement under way: delete the lost pod and create its
+    successor at once, under the first name no pod of the job holds (`taken_names`: the lost
+    one may hold its name for a while: a save on SIGTERM, a kubelet yet to confirm); forget
+    the replacement once the successor is there."""
+    left, successors, doomed = [], {}, []
     for index in draft.status.replacing:
         pod = workers.get(index)
-        if pod is None:
-            missing.append(index)
-            left.append(index)
-        elif not pod.active and pod.phase != "Succeeded":  # the lost one, going or to go
-            doomed.append(pod)
+        if pod is None or (not pod.active and pod.phase != "Succeeded"):
+            if pod is not None:  # the lost one, going or to go
+                doomed.append(pod)
+            successors[index] = _free_name(job, index, taken_names)
             left.append(index)
     draft.delete(doomed)
-    if missing:
-        attempt = draft.status.current_attempt
-        draft.actions.append(CreateWorkers(attempt=attempt, indices=tuple(missing)))
+    if successors:
+        draft.actions.append(
+            CreateWorkers(
+                attempt=draft.status.current_attempt,
+                indices=tuple(successors),
+                pod_names=tuple(successors.values()),
+            )
+        )
     draft.update(replacing=left)
+
+
+def _free_name(job: DDPTrainingJob, index: int, taken_names: Collection[str]) -> str:
+    generation = 0
+    while (name := names.successor_name(job.name, index, generation)) in taken_names:
+        generation += 1
+    return name

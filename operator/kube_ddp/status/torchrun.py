@@ -70,9 +70,15 @@ def decide_torchrun(
     # event may be read after its successor's first, kopf keeping a queue per object.
     newest_last = sorted(ours, key=lambda p: (p.created_at or "", p.active))
     current = {p.index: p for p in newest_last if p.attempt == attempt}
+    expected = list(expected)
     for name in expected:
-        index = _index_of(job, name)
-        if index is not None and index not in current:
+        index = names.worker_index(job.name, name)
+        if index is None:
+            continue
+        known = current.get(index)
+        # Created and not seen yet: the worker, unless a pod of that name is seen; a successor
+        # (another name) stands for the worker while its lost predecessor goes.
+        if known is None or (not known.active and known.name != name):
             current[index] = PodView(name=name, index=index, attempt=attempt, phase="Pending")
     # Pods of another attempt, or of an earlier job of the same name: the next attempt
     # reuses their names, so they must be gone before it starts.
@@ -103,7 +109,8 @@ def decide_torchrun(
         message = f"{worker0.name} completed"
         finish(draft, job, Pods(ours), "Succeeded", Reason.WORKER_SUCCEEDED, message)
     else:
-        _under_way(draft, job, current, ours, observed)
+        taken_names = {p.name for p in observed} | set(expected)
+        _under_way(draft, job, current, ours, observed, taken_names)
 
 
 def _under_way(
@@ -112,13 +119,14 @@ def _under_way(
     current: dict[int, PodView],
     ours: list[PodView],
     observed: list[PodView],
+    taken_names: set[str],
 ) -> None:
     """A group created and not finished: count restarts in place, go on with replacements,
     then a new failure restarts the group or fails the job, or replaces a pod while the others
     go on; then progress."""
     if fold_rank_restart(draft, job, current, Pods(ours)):
         return
-    go_on_replacing(draft, current)
+    go_on_replacing(draft, job, current, taken_names)
     replacing = set(draft.status.replacing)
     if failures := [f for f in _failures(job, current) if f.index not in replacing]:
         if (wait := awaiting_the_cause(failures, current.values(), draft.now)) is not None:
@@ -127,7 +135,7 @@ def _under_way(
         if not replaceable(job, failures, current):
             fail_or_restart(draft, job, failures, Pods(observed))
             return
-        replace(draft, job, failures, current, Pods(ours))
+        replace(draft, job, failures, current, Pods(ours), taken_names)
         if draft.status.phase in FINISHED:
             return
     nodes = job.spec.nodes
@@ -162,12 +170,6 @@ def _hung(job: DDPTrainingJob, message: str) -> WorkerFailure:
         message=message,
         hung=True,
     )
-
-
-def _index_of(job: DDPTrainingJob, pod_name: str) -> int | None:
-    prefix = names.worker_name(job.name, 0)[:-1]
-    suffix = pod_name.removeprefix(prefix)
-    return int(suffix) if suffix != pod_name and suffix.isdigit() else None
 
 
 def _create(draft: Draft, job: DDPTrainingJob, attempt: int, indices: list[int]) -> None:
