@@ -87,28 +87,33 @@ def test_a_killed_rank_restarts_in_place_and_every_pod_stays(
 
 
 def test_a_deleted_worker_is_the_only_pod_created_again(platform: Platform, jobs: Jobs) -> None:
-    """`kubectl delete pod` of worker 1: it saves and stops (86: a preemption) or is lost, and
-    only worker 1 is created again, under the same attempt; worker 0 keeps its pod (its agent
-    and the rendezvous' store) and the job finishes."""
+    """`kubectl delete pod` of worker 1 while it trains: a preemption. Only worker 1 is created
+    again, under the same attempt and at once, while the deleted pod still saves (so under a
+    name of its own, with the worker's hostname); worker 0 keeps its pod (its agent and the
+    rendezvous' store) and the job finishes."""
     jobs.create(in_place_job(platform, jobs, "single"))
     wait_training(jobs, "single")
-    before = uids(jobs, "single")
+    before = jobs.wait_workers("single", 2)
     jobs.cluster.kubectl("delete", "pod", "single-worker-1", "-n", jobs.namespace, "--wait=false")
     deleted = time.monotonic()
 
-    def replaced() -> dict[str, str] | None:
-        now = {p.metadata.name: p.metadata.uid for p in jobs.wait_pods("single", 2, timeout=60)}
-        return now if now["single-worker-1"] != before["single-worker-1"] else None
+    def replaced() -> dict[int, Any] | None:
+        now = jobs.wait_workers("single", 2, timeout=60)
+        return now if now[1].metadata.uid != before[1].metadata.uid else None
 
     after = wait_for(replaced, "worker 1 created again", timeout=FAULT_TIMEOUT)
     print(f"worker 1 deleted -> its successor running: {time.monotonic() - deleted:.1f} s")
-    assert after["single-worker-0"] == before["single-worker-0"]
+    assert after[0].metadata.uid == before[0].metadata.uid
+    assert (after[1].metadata.name, after[1].spec.hostname) == (
+        "single-worker-1-r1",
+        "single-worker-1",
+    )
     status = jobs.wait_phase("single", "Succeeded", timeout=FAULT_TIMEOUT)
     print(f"worker 1 deleted -> Succeeded: {time.monotonic() - deleted:.1f} s")
     assert status["attempt"] == 0, status
-    assert status["restarts"] + status["preemptions"] == 1, status
-    reasons = jobs.events("single")
-    assert Reason.WORKER_REPLACED in reasons or Reason.PREEMPTED in reasons, reasons
+    assert (status["restarts"], status["preemptions"]) == (0, 1), status
+    assert status["lastPreemption"]["reason"] == "Deleted", status
+    assert Reason.PREEMPTED in jobs.events("single")
 
 
 def test_an_elastic_job_loses_a_worker_and_trains_on(platform: Platform, jobs: Jobs) -> None:

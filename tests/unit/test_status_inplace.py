@@ -196,6 +196,22 @@ LOSSES = [
         preemptions=1,
         reason=Reason.PREEMPTED,
     ),
+    LossCase(
+        "worker 1 being deleted while it runs: replaced at once, a preemption",
+        (up(0), up(1, deleting=True)),
+        (SECOND_NAME,),
+        restarts=2,
+        preemptions=1,
+        reason=Reason.PREEMPTED,
+    ),
+    LossCase(
+        "worker 1 evicted while it runs: Kubernetes' reason kept",
+        (up(0), up(1, deleting=True, **EVICTED)),
+        (SECOND_NAME,),
+        restarts=2,
+        preemptions=1,
+        reason=Reason.PREEMPTED,
+    ),
 ]
 
 
@@ -242,6 +258,19 @@ def test_a_successor_takes_the_first_name_no_pod_holds() -> None:
     ):
         decision = decide(job(attempt2()), pods, NOW)
         assert decision.actions[-1] == successor(1, name), pods
+
+
+def test_a_pod_being_deleted_waits_for_its_end_where_that_decides() -> None:
+    """Recreate, restartPolicy Never, or worker 0: how the rank ends (saved or not) decides
+    between resuming, restarting and failing, so nothing is done before it ends."""
+    taken = up(1, deleting=True)
+    for decision in (
+        decide(recreated_job(attempt2()), [up(0), taken], NOW),
+        decide(job(attempt2(), runPolicy={"restartPolicy": "Never"}), [up(0), taken], NOW),
+        decide(job(attempt2()), [up(0, deleting=True), up(1)], NOW),
+    ):
+        assert (decision.actions, decision.status.phase) == ((), "Running")
+        assert (decision.status.restarts, decision.status.preemptions) == (2, 0)
 
 
 def test_a_lost_pod_is_deleted_only_as_the_pod_it_was() -> None:

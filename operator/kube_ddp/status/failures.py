@@ -54,6 +54,9 @@ class WorkerFailure:
     launcher: bool = False  # launcher mpi: mpirun's pod, not a worker
     hung: bool = False  # runs, but made no progress for progressDeadlineSeconds
     vanished: bool = False  # gone before it was seen failing: nothing known but its absence
+    # being deleted while it still runs, replaced before it ends (restarts in place): a
+    # preemption, however it ends
+    taken_running: bool = False
 
     @property
     def lost_or_killed(self) -> bool:
@@ -72,8 +75,9 @@ class WorkerFailure:
 
     @property
     def preempted(self) -> bool:
-        """The trainer saved a checkpoint on SIGTERM and stopped: resumed, never a failure."""
-        return self.exit_code == names.EXIT_PREEMPTED
+        """The trainer saved a checkpoint on SIGTERM and stopped, or its pod is being taken
+        away while it runs (and saves where its program can): resumed, never a failure."""
+        return self.exit_code == names.EXIT_PREEMPTED or self.taken_running
 
     @property
     def cause_first(self) -> tuple[bool, str, bool, bool, bool, bool, int]:
@@ -99,7 +103,9 @@ class WorkerFailure:
         if self.hung:
             return f"{self.pod} made no progress ({self.message})"
         what = f"exited with code {self.exit_code}" if self.exit_code is not None else "was lost"
-        if self.preempted:
+        if self.taken_running:
+            what = "is being deleted while it runs"
+        elif self.preempted:
             what += " (it saved a checkpoint on SIGTERM and stopped)"
         if self.peer_lost:
             what += " (a collective timed out or a peer went away)"

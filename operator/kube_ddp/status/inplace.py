@@ -12,7 +12,13 @@ from kube_ddp import names
 from kube_ddp.api import DDPTrainingJob, Failure
 from kube_ddp.reasons import PodReason, Reason
 from kube_ddp.status.draft import CreateWorkers, Draft, Event
-from kube_ddp.status.failures import WorkerFailure, failure_of, is_retryable
+from kube_ddp.status.failures import (
+    WorkerFailure,
+    failure_of,
+    is_retryable,
+    node_lost,
+    preempted_by,
+)
 from kube_ddp.status.lifecycle import Group, finish, record_preemption
 from kube_ddp.status.views import PodView
 
@@ -90,6 +96,30 @@ def replaceable(
     )
 
 
+def taken_running(job: DDPTrainingJob, workers: Mapping[int, PodView]) -> list[WorkerFailure]:
+    """Workers other than worker 0 whose pods are being deleted while they still run (a
+    person, a drain, the scheduler's preemption), in a job that restarts in place whose
+    worker 0 runs: replaced at once, while the ranks still save, and so preemptions however
+    they end (`WorkerFailure.taken_running`). Not under restartPolicy Never, where how a lost
+    worker ends (saved or not) decides between replacing it and failing the job."""
+    if job.spec.run_policy.restart_policy == "Never" or not replaceable(job, [], workers):
+        return []
+    return [
+        WorkerFailure(
+            pod=pod.name,
+            index=index,
+            reason=preempted_by(pod),
+            message=pod.message or "",
+            taken_running=True,
+        )
+        for index, pod in sorted(workers.items())
+        if index > 0
+        and pod.deleting
+        and pod.phase in ("Pending", "Running")
+        and node_lost(pod) is None
+    ]
+
+
 def replace(
     draft: Draft,
     job: DDPTrainingJob,
@@ -99,8 +129,8 @@ def replace(
     taken_names: Collection[str],
 ) -> None:
     """Replace each failed worker alone, under the same attempt, while its peers wait in the
-    rendezvous: a preemption where it saved on SIGTERM, else a restart (`WorkerReplaced`), or
-    Failed once backoffLimit is reached."""
+    rendezvous: a preemption where it saved on SIGTERM (or is being taken away while it runs),
+    else a restart (`WorkerReplaced`), or Failed once backoffLimit is reached."""
     limit = job.spec.run_policy.backoff_limit
     counted = [f for f in failures if not f.preempted]
     if counted and draft.status.restarts + len(counted) > limit:

@@ -23,6 +23,7 @@ from kube_ddp.status.inplace import (
     replace,
     replaceable,
     restarting_in_place,
+    taken_running,
 )
 from kube_ddp.status.lifecycle import (
     FINISHED,
@@ -128,7 +129,8 @@ def _under_way(
         return
     go_on_replacing(draft, job, current, taken_names)
     replacing = set(draft.status.replacing)
-    if failures := [f for f in _failures(job, current) if f.index not in replacing]:
+    failures = [*_failures(job, current), *taken_running(job, current)]
+    if failures := [f for f in failures if f.index not in replacing]:
         if (wait := awaiting_the_cause(failures, current.values(), draft.now)) is not None:
             draft.requeue(wait)
             return
