@@ -272,9 +272,20 @@ def python_workers(script: str, nodes: int = 2, **spec: Any) -> dict[str, Any]:
 
 
 def run_cli(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*KUBE_DDP, *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
+    """`kube-ddp *args`; one still running after `timeout` is stopped as a SIGTERM stops a
+    local run, its workers with it (a SIGKILL, subprocess.run's, would leave them running),
+    and the test fails."""
+    argv = [*KUBE_DDP, *args]
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            process.communicate(timeout=60)
+            raise
+    return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
 
 def out_env(tmp_path: Path) -> list[dict[str, str]]:
