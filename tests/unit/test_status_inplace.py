@@ -239,6 +239,15 @@ def test_a_replacement_goes_on_without_counting_again() -> None:
     assert (back.actions, back.status.restarts, back.status.replacing) == ((), 3, [])
 
 
+def test_a_new_loss_beside_a_replacement_under_way_creates_each_successor_once() -> None:
+    replacing = attempt2(restarts=2, replacing=[1])
+    oom = pod(2, "Failed", attempt=2, exit_code=137, reason="OOMKilled")
+    decision = decide(job(replacing, nodes=3), [up(0), oom], NOW)
+    created = [a for a in decision.actions if isinstance(a, CreateWorkers)]
+    assert created == [successor(1, "bar-worker-1"), successor(2, "bar-worker-2-r1")]
+    assert (decision.status.restarts, decision.status.replacing) == (3, [1, 2])
+
+
 def test_a_successor_created_and_not_seen_yet_is_the_worker() -> None:
     """Expected (its create returned, the watch has not shown it): it stands for the worker,
     and no second successor is made beside the lost pod still going."""

@@ -157,19 +157,25 @@ def replace(
         draft.update(restarts=restarts, failure=failure_of(failure))
         draft.events.append(Event("Warning", Reason.WORKER_REPLACED, message))
         draft.condition("Restarting", "True", Reason.WORKER_REPLACED, message)
-    draft.update(replacing=sorted({*draft.status.replacing, *(f.index for f in failures)}))
-    go_on_replacing(draft, job, workers, taken_names)
+    new = sorted({f.index for f in failures})
+    draft.update(replacing=sorted({*draft.status.replacing, *new}))
+    go_on_replacing(draft, job, workers, taken_names, new)
 
 
 def go_on_replacing(
-    draft: Draft, job: DDPTrainingJob, workers: Mapping[int, PodView], taken_names: Collection[str]
+    draft: Draft,
+    job: DDPTrainingJob,
+    workers: Mapping[int, PodView],
+    taken_names: Collection[str],
+    indices: Collection[int] | None = None,
 ) -> None:
-    """The next step of each replacement under way: delete the lost pod and create its
-    successor at once, under the first name no pod of the job holds (`taken_names`: the lost
-    one may hold its name for a while: a save on SIGTERM, a kubelet yet to confirm); forget
-    the replacement once the successor is there."""
+    """The next step of each replacement under way (those of `indices`, when given): delete
+    the lost pod and create its successor at once, under the first name no pod of the job
+    holds (`taken_names`: the lost one may hold its name for a while: a save on SIGTERM, a
+    kubelet yet to confirm); forget the replacement once the successor is there."""
+    chosen = draft.status.replacing if indices is None else indices
     left, successors, doomed = [], {}, []
-    for index in draft.status.replacing:
+    for index in chosen:
         pod = workers.get(index)
         if pod is None or (not pod.active and pod.phase != "Succeeded"):
             if pod is not None:  # the lost one, going or to go
@@ -185,7 +191,8 @@ def go_on_replacing(
                 pod_names=tuple(successors.values()),
             )
         )
-    draft.update(replacing=left)
+    others = [i for i in draft.status.replacing if i not in chosen]
+    draft.update(replacing=sorted({*others, *left}))
 
 
 def _free_name(job: DDPTrainingJob, index: int, taken_names: Collection[str]) -> str:
