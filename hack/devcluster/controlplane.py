@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import functools
 import json
+import random
 import shutil
 import socket
 import subprocess
@@ -40,9 +41,30 @@ from devcluster.processes import (
     wait_until,
 )
 
+# Ports handed to components are picked from here up to the kernel's ephemeral range.
+LOWEST_PICKED_PORT = 20000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
 
 def free_port() -> int:
-    with socket.socket() as probe:
+    """A port free on 127.0.0.1 now, for a component that binds it later. Below the kernel's
+    ephemeral range: a port the kernel picks (a bind to 0) is one that an outgoing connection
+    can take meanwhile (kwok, started last, once found its port held by one: `address already
+    in use`); ports below the range are only ever taken by a listener."""
+    try:
+        ephemeral_low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default
+    tries = 100 if ephemeral_low - LOWEST_PICKED_PORT >= 1000 else 0
+    for _ in range(tries):
+        port = random.randrange(LOWEST_PICKED_PORT, ephemeral_low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as probe:  # no room below the range, or none free: the kernel picks
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 

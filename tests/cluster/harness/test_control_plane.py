@@ -11,6 +11,15 @@ from tests.cluster.support import Cluster, load_dev_cluster
 KUBERNETES_VERSION = load_dev_cluster().KUBERNETES_VERSION
 
 
+def test_ports_handed_to_components_are_below_the_ephemeral_range() -> None:
+    """Where outgoing connections never take them between the pick and the component's bind."""
+    controlplane = load_dev_cluster().controlplane
+    ephemeral_low = int(controlplane.EPHEMERAL_RANGE.read_text().split()[0])
+    ports = {controlplane.free_port() for _ in range(20)}
+    assert len(ports) > 1
+    assert all(controlplane.LOWEST_PICKED_PORT <= port < ephemeral_low for port in ports), ports
+
+
 def test_server_and_kubectl_report_the_built_version(cluster: Cluster) -> None:
     server = kubernetes.client.VersionApi(cluster.api).get_code()
     assert server.git_version == KUBERNETES_VERSION
