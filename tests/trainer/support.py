@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from kube_ddp.local.plan import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 TORCHRUN = str(VENV_BIN / "torchrun")
@@ -307,3 +309,23 @@ def patches_of(api_server: FakeApiServer, field: str) -> list[dict[str, Any]]:
     """The `status.<field>` of every PATCH the server got, in order."""
     bodies = [request["body"].get("status", {}) for request in list(api_server.requests)]
     return [status[field] for status in bodies if field in status]
+
+
+def two_ranks(**extra: str) -> list[dict[str, str]]:
+    """The env of two ranks started by hand, pods hung-worker-<rank>, each writing its progress
+    entry every second; `{rank}` in an `extra` value is the rank."""
+    port = str(free_port())
+    return [
+        clean_env(
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            KUBEDDP_POD_NAME=f"hung-worker-{rank}",
+            KUBEDDP_HEARTBEAT_SECONDS="1",
+            **{name: value.format(rank=rank) for name, value in extra.items()},
+        )
+        for rank in range(2)
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -10,7 +11,7 @@ from ddp_trainer.culprit import Entry, Ledger, describe
 NOW = 1000.0
 
 
-def entry(rank: int, collectives: int, age: float, step: int = 40) -> Entry:
+def entry(rank: int, collectives: int | None, age: float, step: int = 40) -> Entry:
     return Entry(rank, collectives, step, NOW - age, f"job-worker-{rank}", f"node-{rank}")
 
 
@@ -35,6 +36,25 @@ def test_a_rank_without_an_entry_is_named_and_equal_ranks_blame_none() -> None:
     assert "rank(s) 2 left no entry" in describe([entry(0, 5, 1), entry(1, 5, 1)], 3, NOW, 5)
     same = describe([entry(0, 5, 1), entry(1, 5, 2)], 2, NOW, 5)
     assert same.startswith("no rank fell behind")
+
+
+def test_without_a_count_of_collectives_the_steps_tell() -> None:
+    """A backend that keeps no sequence numbers (torch's base Backend, maybe Gaudi's HCCL):
+    the rank whose training steps fell behind is named, in steps."""
+    entries = [entry(0, None, 1, step=52), entry(1, None, 2, step=50), entry(2, None, 1, step=52)]
+    said = describe(entries, 3, NOW, interval=5)
+    assert said.startswith("rank 1 (pod job-worker-1, node node-1) stopped first, at step 50")
+    assert "2 step(s) behind the others" in said
+    # All done with step 13; ranks 0 and 2 wait in step 14's all-reduce, rank 1 never began it.
+    begun = [
+        dataclasses.replace(entry(rank, None, 1, step=13), started=14 - (rank == 1))
+        for rank in range(3)
+    ]
+    said = describe(begun, 3, NOW, interval=5)
+    assert said.startswith("rank 1 (pod job-worker-1, node node-1) stopped first, at step 13")
+    assert "1 step(s) behind the others" in said
+    same = [entry(0, None, 1, step=52), entry(1, None, 2, step=52)]
+    assert describe(same, 2, NOW, 5).startswith("no rank fell behind: all 2 were at 52 step(s)")
 
 
 class SlowStore:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_STORAGE
+from ddp_trainer.contract import EXIT_CONFIG, EXIT_PEER_LOST
 from kube_ddp.local.plan import free_port
 from tests.trainer import support
 from tests.trainer.support import Run
@@ -192,36 +192,16 @@ def test_bad_options_exit_2_naming_the_option(args: list[str], named: str) -> No
 
 def test_missing_data_is_a_clear_error(tmp_path: Path) -> None:
     run = support.run(support.trainer_command("--dataset=fashion-mnist", f"--data-dir={tmp_path}"))
-    assert run.returncode == EXIT_STORAGE  # a path to fix, not a bug: mount the data there
+    assert run.returncode == EXIT_CONFIG  # a path to fix, not a bug: mount the data there
     assert "train-images-idx3-ubyte" in run.stderr
     assert "--download" in run.stderr
     assert "Traceback" not in run.stderr
 
 
-def two_ranks(**extra: str) -> list[dict[str, str]]:
-    """The env of two ranks started by hand, pods hung-worker-<rank>, each writing its progress
-    entry every second; `{rank}` in an `extra` value is the rank."""
-    port = str(free_port())
-    return [
-        support.clean_env(
-            RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE="2",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-            KUBEDDP_POD_NAME=f"hung-worker-{rank}",
-            KUBEDDP_HEARTBEAT_SECONDS="1",
-            **{name: value.format(rank=rank) for name, value in extra.items()},
-        )
-        for rank in range(2)
-    ]
-
-
 def test_a_hung_peer_ends_rank_0_with_the_lost_peer_exit_code(tmp_path: Path) -> None:
     """Rank 1 stopped (SIGSTOP, as a hung rank) mid-training: rank 0's next collective times
     out and the trainer exits with its own code, which the operator retries, not 1."""
-    envs = two_ranks(KUBEDDP_NODE_NAME="node-{rank}")
+    envs = support.two_ranks(KUBEDDP_NODE_NAME="node-{rank}")
     args = ["--dataset", "synthetic", "--epochs", "500", "--timeout-seconds", "10"]
     rank0, rank1 = (support.start(support.trainer_command(*args), env) for env in envs)
     try:
@@ -245,7 +225,7 @@ def test_a_rank_hung_in_its_own_code_is_named_and_shows_where_it_is() -> None:
     """Rank 1 sleeps in Python after epoch 1 (its process runs on, unlike a SIGSTOP): rank 0
     times out, exits 88 and names rank 1 by its collectives, fallen behind; rank 1 has logged
     its stack, stalled in the hook, before the timeout."""
-    envs = two_ranks(DDP_TRAINER_HANG_AT_EPOCH="1")
+    envs = support.two_ranks(DDP_TRAINER_HANG_AT_EPOCH="1")
     args = ["--dataset", "synthetic", "--epochs", "500", "--timeout-seconds", "12"]
     rank0, rank1 = (support.start(support.trainer_command(*args), env) for env in envs)
     try:

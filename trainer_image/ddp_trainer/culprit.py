@@ -10,6 +10,10 @@ its own code (a data loader, a deadlock) writes on, but its collectives fall beh
 that ends for a lost peer reads every entry and names the one that fell behind first: fewest
 collectives started, then the oldest entry.
 
+A backend that keeps no sequence numbers (torch's base `Backend` raises "does not yet support
+sequence numbers"; an out-of-tree one such as Gaudi's HCCL may) leaves the count unknown: the
+ledger then compares training steps instead, says so once, and training goes on.
+
 Cost per rank: one store write of about 100 bytes (25 us on a local store) every `interval`
 (30 s by default: the heartbeat's), a thread that sleeps in between, and nothing on the
 training step itself but an integer assignment (about 40 ns). Reading happens only on the way
@@ -53,11 +57,12 @@ class Entry:
     """One rank's last sign of progress."""
 
     rank: int
-    collectives: int  # started so far in the default group
+    collectives: int | None  # started so far in the default group (None: the backend counts none)
     step: int  # training steps done (the trainer's global step; 0 for a program's own)
     at: float  # Unix time of the entry
     pod: str
     node: str
+    started: int | None = None  # steps begun (the one in progress counts); None: as `step`
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
@@ -67,9 +72,23 @@ class Entry:
         return cls(**json.loads(data))
 
 
+def _counts_collectives(entries: Sequence[Entry]) -> bool:
+    return all(entry.collectives is not None for entry in entries)
+
+
+def _progress(entry: Entry, by_collectives: bool) -> int:
+    """Collectives started; else steps begun: a rank blocked in a step's all-reduce has begun
+    it, a rank hung before it (in its data loader, between epochs) has not."""
+    if by_collectives and entry.collectives is not None:
+        return entry.collectives
+    return entry.step if entry.started is None else entry.started
+
+
 def behind_first(entries: Sequence[Entry]) -> Entry:
-    """The rank that fell behind first: fewest collectives started, then the oldest entry."""
-    return min(entries, key=lambda e: (e.collectives, e.at, e.rank))
+    """The rank that fell behind first: fewest collectives started (training steps where the
+    backend counts none), then the oldest entry."""
+    by_collectives = _counts_collectives(entries)
+    return min(entries, key=lambda e: (_progress(e, by_collectives), e.at, e.rank))
 
 
 def describe(entries: Sequence[Entry], world_size: int, now: float, interval: float) -> str:
@@ -79,19 +98,22 @@ def describe(entries: Sequence[Entry], world_size: int, now: float, interval: fl
     if not entries:
         return "no rank's progress could be read from the group's store"
     first = behind_first(entries)
-    ahead = max(entry.collectives for entry in entries)
+    by_collectives = _counts_collectives(entries)
+    unit = "collective(s)" if by_collectives else "step(s)"
+    ahead = max(_progress(entry, by_collectives) for entry in entries)
+    behind = ahead - _progress(first, by_collectives)
     age = now - first.at
     where = f"rank {first.rank} (pod {first.pod}, node {first.node})"
     facts = []
-    if first.collectives < ahead:
-        facts.append(f"{ahead - first.collectives} collective(s) behind the others")
+    if behind:
+        facts.append(f"{behind} {unit} behind the others")
     if age > 2 * interval:
         facts.append(f"silent for {age:.0f} s (its process stopped or its node is gone)")
     if silent:
         facts.append(f"rank(s) {', '.join(map(str, silent[:8]))} left no entry at all")
     if not facts:
         return (
-            f"no rank fell behind: all {len(entries)} started {ahead} collectives and were "
+            f"no rank fell behind: all {len(entries)} were at {ahead} {unit} and were "
             f"heard from within {2 * interval:.0f} s (the network, not a rank?)"
         )
     return f"{where} stopped first, at step {first.step}: " + "; ".join(facts)
@@ -103,7 +125,7 @@ class Ledger:
     def __init__(
         self,
         store: Any,
-        sequence: Callable[[], int],
+        sequence: Callable[[], int | None],
         rank: int,
         interval: float,
         pod: str,
@@ -119,6 +141,7 @@ class Ledger:
         self.node = node
         self.clock = clock
         self.step = 0  # set by the training loop: a plain assignment per step
+        self.started: int | None = None  # likewise, as a step begins, where the loop says
         self.stall_after = stall_after
         self._seen = (self.step, clock())  # the last step seen by the thread, and when
         self._dumped = False
@@ -126,7 +149,15 @@ class Ledger:
         self._thread = threading.Thread(target=self._run, name="kubeddp-ledger", daemon=True)
 
     def entry(self) -> Entry:
-        return Entry(self.rank, self.sequence(), self.step, self.clock(), self.pod, self.node)
+        return Entry(
+            self.rank,
+            self.sequence(),
+            self.step,
+            self.clock(),
+            self.pod,
+            self.node,
+            self.started,
+        )
 
     def write(self) -> None:
         self.store.set(key(self.rank), self.entry().encode())
@@ -202,10 +233,38 @@ def start_ledger(
     store = dist.distributed_c10d._get_default_store()
     pod, node = identity(env)
     interval = Heartbeat.every_from_env(env)  # the heartbeat's interval
-    # The count of collectives this rank has started (gloo and NCCL both keep it); torch's
-    # stubs do not declare it.
-    sequence = group._get_sequence_number_for_group  # type: ignore[attr-defined]
+    sequence = collectives_counter(group)
     return Ledger(store, sequence, rank, interval, pod, node, stall_after).start()
+
+
+def collectives_counter(group: Any) -> Callable[[], int | None]:
+    """The count of collectives this rank has started, where the backend keeps one (gloo and
+    NCCL do); else a counter that knows none, said once."""
+    try:
+        count: Callable[[], int] = group._get_sequence_number_for_group  # not in torch's stubs
+        count()
+    except (RuntimeError, AttributeError) as exc:
+        log.warning(
+            "progress ledger: the %s process group keeps no count of collectives (%s): a lost "
+            "rank will be named from the training steps and the age of each rank's entry",
+            _backend_name(group),
+            exc,
+        )
+        return _unknown
+    return count
+
+
+def _backend_name(group: Any) -> str:
+    import torch.distributed as dist
+
+    try:
+        return str(dist.get_backend(group))
+    except Exception:  # a backend without a name: say nothing wrong
+        return "default"
+
+
+def _unknown() -> None:
+    return None
 
 
 def name_the_culprit(ledger: Ledger, world_size: int) -> str:

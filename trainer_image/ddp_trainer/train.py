@@ -195,7 +195,7 @@ class Recipe:
         logging.basicConfig(
             level=logging.INFO, format=f"ddp_trainer[rank {world.rank}]: %(message)s", force=True
         )
-        self.device = distributed.pick_device(options.device, world.local_rank)
+        self.device = distributed.pick_device(options.device, world, os.environ)
         distributed.set_cpu_threads(world, os.environ)
         self.backend = (
             distributed.backend_for(self.device, os.environ) if world.distributed else "none"
@@ -302,7 +302,7 @@ class Recipe:
     def _setup_optimizer(self) -> None:
         """The precision, the optimizer (its base learning rates kept for the schedule) and, for
         fp16, the loss scaler."""
-        self.precision = resolve_precision(self.options.precision, self.device)
+        self.precision = distributed.resolve_precision(self.options.precision, self.device)
         self.optimizer = build_optimizer(
             self.model, self.options, self.world.world_size, self.device
         )
@@ -502,6 +502,8 @@ class Recipe:
         first_step = (epoch - 1) * self.steps_per_epoch
         started = time.perf_counter()
         for step, (images, labels) in enumerate(batches, start=done):
+            if self.ledger is not None:
+                self.ledger.started = self.global_step + 1
             self.set_lr(first_step + step)
             x = self.device_layout(images)
             augment_generator = self._augment_generator(first_step + step)
@@ -770,16 +772,6 @@ class Recipe:
         if self.world.distributed:
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
         return [float(value) for value in values.tolist()]
-
-
-def resolve_precision(choice: str, device: torch.device) -> str:
-    if choice != "auto":
-        return choice
-    if device.type == "hpu":
-        return "bf16"
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "fp32"
 
 
 def build_optimizer(
