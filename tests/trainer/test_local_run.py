@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from ddp_trainer.contract import EXIT_PREEMPTED, EXIT_STORAGE
+from ddp_trainer.contract import EXIT_CONFIG, EXIT_PREEMPTED
 from tests.trainer import support
 
 KUBE_DDP = str(Path(sys.executable).parent / "kube-ddp")
@@ -166,7 +166,7 @@ def test_under_torchrun_a_killed_rank_restarts_the_group_a_missing_dataset_fails
     failed = run_job(tmp_path, {"nodes": 1, "nprocPerNode": 2, "trainer": missing})
     assert failed.returncode == 1, failed.stderr[-3000:]
     assert summary_value(failed.stderr, "phase") == "Failed"
-    assert f"digits-worker-0 exited with code {EXIT_STORAGE}" in failed.stderr
+    assert f"digits-worker-0 exited with code {EXIT_CONFIG}" in failed.stderr
     assert "NonRetryableExitCode" in failed.stderr
 
 

@@ -11,7 +11,7 @@ import torch
 from ddp_trainer.errors import TrainerError
 from ddp_trainer.models import build_model
 from ddp_trainer.options import TrainerOptions
-from ddp_trainer.train import lr_factor, resolve_precision
+from ddp_trainer.train import lr_factor
 
 
 @pytest.mark.parametrize(
@@ -73,9 +73,3 @@ def test_learning_rate_warms_up_then_follows_the_schedule() -> None:
     assert lr_factor(80, 100, 10, "constant") == 1.0
     assert lr_factor(0, 100, 0, "cosine") == 1.0
     assert math.isclose(lr_factor(5, 10, 0, "cosine"), 0.5)
-
-
-def test_precision_auto_is_fp32_on_cpu() -> None:
-    assert resolve_precision("auto", torch.device("cpu")) == "fp32"
-    assert resolve_precision("auto", torch.device("hpu")) == "bf16"
-    assert resolve_precision("fp16", torch.device("cpu")) == "fp16"

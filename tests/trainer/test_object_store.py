@@ -16,7 +16,7 @@ import torch
 
 from ddp_trainer import stores
 from ddp_trainer.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
-from ddp_trainer.contract import EXIT_STORAGE
+from ddp_trainer.contract import EXIT_CONFIG
 from ddp_trainer.errors import StorageError, TemporaryError
 from kube_ddp.local.plan import free_port
 from tests.s3_server import S3Server, running_s3_server
@@ -173,7 +173,7 @@ def test_the_trainer_ends_on_a_wrong_secret_with_one_line_and_the_storage_code(
         support.trainer_command(*TINY, "--epochs=1", f"--checkpoint-dir={uri}"),
         support.clean_env(**s3.env(AWS_SECRET_ACCESS_KEY="wrong")),
     )
-    assert run.returncode == EXIT_STORAGE, run.stderr
+    assert run.returncode == EXIT_CONFIG, run.stderr
     assert "Traceback" not in run.stderr, run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("ddp-train: error:")]
     assert len(errors) == 1, run.stderr

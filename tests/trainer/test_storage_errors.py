@@ -44,7 +44,7 @@ def test_a_data_dir_the_user_cannot_write_names_the_path_and_the_fix(tmp_path: P
         "--dataset", "mnist", "--download", "--data-dir", str(locked / "data"), *QUICK
     )
     run = support.run(WITHOUT_DAC_OVERRIDE + command, cwd=tmp_path)
-    _one_clear_line(run, contract.EXIT_STORAGE, str(locked / "data"), "permission denied")
+    _one_clear_line(run, contract.EXIT_CONFIG, str(locked / "data"), "permission denied")
 
 
 def test_a_full_checkpoint_volume_names_the_path_and_the_fix(tmp_path: Path) -> None:
@@ -55,7 +55,7 @@ def test_a_full_checkpoint_volume_names_the_path_and_the_fix(tmp_path: Path) -> 
     )
     script = f"mount -t tmpfs -o size=16k tmpfs {full} && exec {trainer}"
     run = support.run(["unshare", "--mount", "sh", "-c", script], cwd=tmp_path)
-    _one_clear_line(run, contract.EXIT_STORAGE, str(full), "no space left")
+    _one_clear_line(run, contract.EXIT_CONFIG, str(full), "no space left")
 
 
 def test_a_failed_download_is_retryable_and_says_where(tmp_path: Path) -> None:
@@ -70,4 +70,4 @@ def test_a_failed_download_is_retryable_and_says_where(tmp_path: Path) -> None:
 def test_missing_dataset_files_are_a_storage_error(tmp_path: Path) -> None:
     command = support.trainer_command("--dataset", "cifar10", "--data-dir", str(tmp_path), *QUICK)
     run = support.run(command, cwd=tmp_path)
-    _one_clear_line(run, contract.EXIT_STORAGE, "test_batch not found", "--download")
+    _one_clear_line(run, contract.EXIT_CONFIG, "test_batch not found", "--download")

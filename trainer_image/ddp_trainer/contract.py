@@ -32,7 +32,8 @@ IMAGE_GID: Final = 10001
 EXIT_FAILED: Final = 1  # the data, model or checkpoint is wrong
 EXIT_USAGE: Final = 2  # invalid options
 EXIT_TEMPORARY: Final = 75  # a download failed: a later attempt may succeed
-EXIT_STORAGE: Final = 78  # a path cannot be used (permissions, full disk): fix the job (EX_CONFIG)
+# The job must change (a path that cannot be used, more processes than devices): EX_CONFIG.
+EXIT_CONFIG: Final = 78
 # Saved a checkpoint on SIGTERM (a suspend, an eviction, a drain, the operator's own group
 # restart) and stopped: the operator resumes the group and does not count it as a failure.
 EXIT_PREEMPTED: Final = 86

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddp_trainer import contract
+from ddp_trainer import capabilities, contract
 from ddp_trainer.errors import TrainerError
 
 DEFAULT_MASTER_PORT = 29500
@@ -249,24 +249,30 @@ def habana_installed() -> bool:
     return importlib.util.find_spec("habana_frameworks") is not None
 
 
-def pick_device(choice: str, local_rank: int) -> torch.device:
+def pick_device(choice: str, world: World, env: Mapping[str, str]) -> torch.device:
     """One process per accelerator: the local rank picks it."""
-    if choice == "auto":
-        choice = "hpu" if habana_installed() else "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda":
-        if not torch.cuda.is_available():
-            raise TrainerError("--device cuda, but torch sees no CUDA device")
-        index = local_rank % torch.cuda.device_count()
+    chosen = capabilities.device_type(choice, habana_installed(), torch.cuda.is_available())
+    if chosen == "cuda":
+        index = capabilities.cuda_index(
+            world.local_rank,
+            world.local_world_size,
+            torch.cuda.device_count(),
+            capabilities.gpu_per_process(env),
+        )
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
-    if choice == "hpu":
-        if not habana_installed():
-            raise TrainerError("--device hpu needs Intel Gaudi's habana_frameworks package")
-        # registers the hpu device
+    if chosen == "hpu":
+        # registers the hpu device; Habana maps each local rank to a Gaudi of its own
         import habana_frameworks.torch.core  # type: ignore[import-not-found]  # noqa: F401
 
         return torch.device("hpu")
     return torch.device("cpu")
+
+
+def resolve_precision(choice: str, device: torch.device) -> str:
+    """bf16 where the device computes it natively, fp16 with loss scaling on older GPUs."""
+    native_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+    return capabilities.precision(choice, device.type, native_bf16)
 
 
 def backend_for(device: torch.device, env: Mapping[str, str]) -> str:
@@ -344,13 +350,25 @@ def set_cpu_threads(world: World, env: Mapping[str, str]) -> None:
 
 
 def lazy_mode_step_marker(device: torch.device) -> Callable[[], None]:
-    """Gaudi's legacy lazy mode runs the queued graph at mark_step(); elsewhere a no-op."""
-    if device.type == "hpu" and os.environ.get("PT_HPU_LAZY_MODE", "0") == "1":
+    """Gaudi's lazy mode runs the queued graph at mark_step(); elsewhere a no-op."""
+    if device.type == "hpu" and capabilities.gaudi_lazy(
+        _habana_reports_lazy(), os.environ.get("PT_HPU_LAZY_MODE")
+    ):
         import habana_frameworks.torch.core as htcore
 
         mark_step: Callable[[], None] = htcore.mark_step
         return mark_step
     return _no_op
+
+
+def _habana_reports_lazy() -> bool | None:
+    try:
+        from habana_frameworks.torch.utils.internal import (  # type: ignore[import-not-found]
+            is_lazy,
+        )
+    except ImportError:
+        return None
+    return bool(is_lazy())
 
 
 def _no_op() -> None:

@@ -3,7 +3,7 @@ code that tells the operator whether a restart can help (docs/design.md, "Failur
 
 - `TrainerError` (exit 1): the job's data, model or checkpoint is wrong; restarting will not
   help.
-- `StorageError` (exit `contract.EXIT_STORAGE`, 78, sysexits' EX_CONFIG): a path the job
+- `StorageError` (exit `contract.EXIT_CONFIG`, 78, sysexits' EX_CONFIG): a path the job
   names cannot be used (permission denied, read-only, full disk, missing): a configuration
   error in the job's volumes or paths; restarting will not help either, so it is not
   retryable, but the line says what to change.
@@ -30,10 +30,14 @@ class TrainerError(Exception):
     exit_code: int = contract.EXIT_FAILED
 
 
-class StorageError(TrainerError):
-    """A path the job names cannot be read or written: fix the job's volumes or paths."""
+class ConfigError(TrainerError):
+    """The job's settings do not fit its pod: the message names the setting and the fix."""
 
-    exit_code = contract.EXIT_STORAGE
+    exit_code = contract.EXIT_CONFIG
+
+
+class StorageError(ConfigError):
+    """A path the job names cannot be read or written: fix the job's volumes or paths."""
 
 
 class TemporaryError(TrainerError):
