@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from ddp_trainer.batches import augment, eval_shard, train_shard
+from ddp_trainer.batches import Normalizer, augment, eval_shard, make_batches, train_shard
 from ddp_trainer.datasets import (
     CIFAR10_ARCHIVE,
     IDX_SOURCES,
@@ -197,3 +198,64 @@ def test_augmentation_shifts_and_flips_whole_images() -> None:
         kept = set(moved.flatten().tolist()) - {0.0}
         assert kept <= set(original.flatten().tolist())  # pixels move; none are invented
         assert len(kept) >= 3 * 4 * 4 - 1  # at most 2 rows and 2 columns shifted out
+
+
+# --- the DataLoader path's memory -------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:  # gone meanwhile
+            continue
+        if parent == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def _private_bytes(pid: int) -> int:
+    """Memory only this process maps (USS): a copy of its own, not pages it shares."""
+    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    return sum(
+        int(line.split()[1]) * 1024
+        for line in rollup.splitlines()
+        if line.startswith(("Private_Clean:", "Private_Dirty:"))
+    )
+
+
+def test_loader_workers_share_the_split_instead_of_copying_it() -> None:
+    """Data over the device budget goes through a DataLoader whose forkserver workers are
+    each sent the dataset: in shared memory, a worker maps the rank's one copy of the split;
+    pickled as an array, each would hold a copy of its own (16 for 8 ranks x 2 workers)."""
+    small = _workers_private_bytes(np.zeros((64, 3, 128, 128), dtype=np.uint8))
+    images = np.random.default_rng(0).integers(0, 255, (4096, 3, 128, 128), dtype=np.uint8)
+    large = _workers_private_bytes(images)  # a split of 192 MiB
+    for own_small, own_large in zip(small, large, strict=True):
+        assert own_large - own_small < images.nbytes / 4, (small, large, images.nbytes)
+
+
+def _workers_private_bytes(images: np.ndarray) -> list[int]:
+    """Each loader worker's own memory once it has served an epoch of `images`."""
+    before = set(_children(_forkserver()) if _forkserver() else ())
+    labels = np.zeros(len(images), dtype=np.int64)
+    options = TrainerOptions(loader="dataloader", num_workers=2)
+    cpu = torch.device("cpu")
+    batches = make_batches(images, labels, Normalizer(images[:64], cpu), cpu, 64, options)
+    for _ in batches(torch.arange(len(images))):  # every worker reads its share of the split
+        pass
+    server = _forkserver()
+    assert server is not None
+    workers = sorted(set(_children(server)) - before)
+    assert len(workers) == 2, workers
+    return [_private_bytes(pid) for pid in workers]
+
+
+def _forkserver() -> int | None:
+    servers = [pid for pid in _children(os.getpid()) if "forkserver" in _cmdline(pid)]
+    return servers[0] if servers else None
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

@@ -7,7 +7,8 @@ so the all-reduced metrics count each sample exactly once.
 
 A dataset that fits stays on the device, normalized once, and a batch is one `index_select`:
 no per-sample Python, no collation, no host-to-device copy per step. Larger ones go through a
-DataLoader whose workers gather uint8 samples that are normalized after the copy.
+DataLoader whose workers gather uint8 samples, from one copy of the split in shared memory,
+that are normalized after the copy to the device.
 """
 
 from __future__ import annotations
@@ -93,15 +94,26 @@ class DeviceBatches:
             yield self.x.index_select(0, batch), self.y.index_select(0, batch)
 
 
+def shared_tensor(array: np.ndarray) -> torch.Tensor:
+    """`array` copied into shared memory: a process it is then pickled to (a DataLoader worker
+    started by forkserver) maps these pages instead of receiving a copy of its own."""
+    dtype = torch.from_numpy(np.empty(0, array.dtype.newbyteorder("="))).dtype
+    tensor = torch.empty(array.shape, dtype=dtype).share_memory_()
+    tensor.numpy()[...] = array
+    return tensor
+
+
 class _Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """The split, shared by the loader's workers: one copy per rank, however many workers."""
+
     def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
-        self.x, self.y = x, y
+        self.x, self.y = shared_tensor(x), shared_tensor(y)
 
     def __len__(self) -> int:
         return len(self.y)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.from_numpy(np.ascontiguousarray(self.x[index])), torch.tensor(self.y[index])
+        return self.x[index], self.y[index]
 
 
 class _IndexSampler(Sampler[int]):
