@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 
 from ddp_trainer.contract import EXIT_CONFIG, EXIT_PEER_LOST
 from kube_ddp.local.plan import free_port
@@ -239,3 +240,26 @@ def test_a_rank_hung_in_its_own_code_is_named_and_shows_where_it_is() -> None:
     assert "silent for" not in run.stderr  # its ledger thread wrote on
     assert "no step for" in hung_stderr, hung_stderr[-2000:]
     assert "in hang_if_asked" in hung_stderr  # faulthandler's stack: where it hangs
+
+
+@pytest.mark.parametrize(("precision", "scaled"), [("fp16", True), ("bf16", False)])
+def test_both_mixed_precisions_train_and_only_fp16_scales_the_loss(
+    tmp_path: Path, precision: str, scaled: bool
+) -> None:
+    """What auto picks on a GPU with and without native bf16, under CPU autocast: fp16 with a
+    GradScaler (its state saved with the checkpoint), bf16 without one."""
+    checkpoints = tmp_path / "checkpoints"
+    command = support.torchrun_command(
+        "--dataset=digits",
+        "--model=mlp",
+        "--epochs=3",
+        f"--precision={precision}",
+        f"--checkpoint-dir={checkpoints}",
+    )
+    run = support.run(command).check()
+    assert run.epochs[-1]["val_accuracy"] >= 0.8
+    latest = sorted(checkpoints.glob("checkpoint-step-*.pt"))[-1]
+    state = torch.load(latest, map_location="cpu", weights_only=True)
+    assert (state["scaler"] is not None) is scaled
+    if scaled:
+        assert state["scaler"]["scale"] > 0
