@@ -57,6 +57,8 @@ LAUNCHERS = Need(
     "mpirun and Slurm for the trainer tier",
     {
         "mpirun": "openmpi-bin",
+        # a Gaudi node's topology (2 sockets x 24 cores) for mpirun to map by
+        "lstopo-no-graphics": "hwloc-nox",
         "slurmctld": "slurm-wlm",
         "slurmd": "slurm-wlm",
         "srun": "slurm-client",

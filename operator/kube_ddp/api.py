@@ -221,7 +221,11 @@ class MPIOptions(Model):
         description="The whole --map-by value, replacing ppr:<per socket>:socket:PE=<cores>.",
     )
     extra_args: list[str] = Field(
-        default_factory=list, description="More mpirun arguments, placed before the program."
+        default_factory=list,
+        description="More mpirun arguments, placed before the program. $NAME and ${NAME} are "
+        "the launcher's environment variables (the image's too: --prefix $MPI_ROOT), expanded "
+        "by its shell and nothing else; $$ is a literal $. Without a --prefix here, mpirun gets "
+        "--prefix $MPI_ROOT where the image sets MPI_ROOT.",
     )
     ssh_port: int = Field(
         2222,

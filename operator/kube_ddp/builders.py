@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,11 @@ from kube_ddp.api import (
 
 SHM_VOLUME = "dshm"
 # Intel Gaudi needs host IPC, huge pages and SYS_NICE (Habana's own job examples).
-GAUDI_HUGEPAGES = "9500Mi"
+# What Intel's own Gaudi jobs ask for (docs.habana.ai, "Running Workloads on Kubernetes": 8 or
+# 1 card(s), memory 409Gi, hugepages-2Mi 95000Mi; the Voyager reference jobs likewise). Habana's
+# EKS guide asks 42000Mi and says such figures "could be adapted by your task and model": a job
+# sets its own in resources, which this only fills in.
+GAUDI_HUGEPAGES = "95000Mi"
 GAUDI_MEMORY_REQUEST = "32Gi"  # huge pages are only accepted next to a cpu or memory request
 # What the `restricted` Pod Security Standard asks of a pod and of each of its containers
 # (kube_ddp.podsecurity): every pod gets these, the template's own settings merged over them.
@@ -633,6 +638,34 @@ def _mpi(spec: DDPTrainingJobSpec) -> MPIOptions:
     return spec.mpi or MPIOptions()
 
 
+# `$NAME` or `${NAME}` in an mpi.extraArgs word; `$$` is a literal `$`.
+_ENV_REFERENCE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def launcher_shell_word(arg: str) -> str:
+    """`arg` as one word of the launcher's bash line, its environment references expanded there
+    (the seed's `--prefix $MPI_ROOT` names the image's variable, which only the launcher's shell
+    knows) and nothing else: no command substitution, globbing or word splitting. A variable the
+    launcher's environment lacks stops it with a line naming the variable."""
+    parts, at = [], 0
+    for match in _ENV_REFERENCE.finditer(arg):
+        literal = arg[at : match.start()] + ("$" if match.group() == "$$" else "")
+        if literal:
+            parts.append(shlex.quote(literal))
+        name = match.group(1) or match.group(2)
+        if name:
+            why = "not set in the launcher environment, and mpi.extraArgs names it"
+            parts.append(f'"${{{name}?{why}}}"')
+        at = match.end()
+    if at < len(arg) or not parts:
+        parts.append(shlex.quote(arg[at:]))
+    return "".join(parts)
+
+
+def _sets_prefix(extra_args: Sequence[str]) -> bool:
+    return any(arg in ("--prefix", "-prefix") or arg.startswith("--prefix=") for arg in extra_args)
+
+
 def mpirun_command(job: DDPTrainingJob) -> list[str]:
     """The launcher's mpirun line; MASTER_ADDR is the first host of the MPI host file."""
     spec = job.spec
@@ -654,8 +687,10 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
         f"-p {mpi.ssh_port} -i {mpi.ssh_auth_mount_path}/id_rsa -o ConnectionAttempts=10 "
         "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
     )
-    mpirun = [
-        "mpirun",
+    # Open MPI's --prefix sets PATH and LD_LIBRARY_PATH for the orted that ssh starts: images
+    # whose Open MPI is outside the non-interactive PATH (Intel Gaudi's) set MPI_ROOT to it.
+    prefix = [] if _sets_prefix(mpi.extra_args) else ['${MPI_ROOT:+--prefix "$MPI_ROOT"}']
+    options = [
         "--allow-run-as-root",
         *("-np", str(spec.world_size)),
         *("--bind-to", "core"),
@@ -663,8 +698,6 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
         *("--rank-by", "core"),
         *("--mca", "plm_rsh_args", ssh),
         *(arg for name in exported for arg in ("-x", name)),
-        *mpi.extra_args,
-        *program,
     ]
     # MASTER_ADDR: the first host of the host file (`host slots=N`), in bash alone: images
     # need not carry awk. Then every host must resolve before mpirun: ssh gives up at once on a
@@ -681,7 +714,16 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
         f"if [ $tries -ge {MPI_RESOLVE_WAIT_S} ]; then "
         f'echo "kube-ddp: $host did not resolve in {MPI_RESOLVE_WAIT_S} s: is its worker pod '
         "created and the MPIJob's Service there?\" >&2; exit 1; fi; sleep 1; done; done; fi; "
-        "export MASTER_ADDR; exec " + shlex.join(mpirun)
+        "export MASTER_ADDR; exec "
+        + " ".join(
+            [
+                "mpirun",
+                *prefix,
+                shlex.join(options),
+                *map(launcher_shell_word, mpi.extra_args),
+                shlex.join(program),
+            ]
+        )
     )
     return ["/bin/bash", "-c", script]
 

@@ -5,15 +5,19 @@ started here (Debian's packages, installed by the test set-up where missing)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from kube_ddp.api import load_job
 from kube_ddp.builders import MPI_RESOLVE_WAIT_S, BuildSettings, build_mpijob
 from kube_ddp.local.plan import free_port
 from tests.host_tools import require
@@ -69,21 +73,7 @@ def test_mpirun_runs_the_rendered_launcher_command_across_two_hosts(
     )
     mpijob = build_mpijob(job, 0, BuildSettings())
     (launcher,) = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("127.0.0.2 slots=1\n127.0.0.3 slots=1\n")
-    agent = tmp_path / "fake-ssh"
-    agent.write_text(FAKE_SSH)
-    agent.chmod(0o755)
-    env = support.clean_env(
-        PATH=venv_first_path(),
-        # what the MPI Operator sets on its launcher
-        OMPI_MCA_orte_default_hostfile=str(hostfile),
-        OMPI_MCA_orte_keep_fqdn_hostnames="true",
-        OMPI_MCA_plm_rsh_agent=str(agent),
-        TMPDIR=str(tmp_path),
-        **{e["name"]: e["value"] for e in launcher["env"] if "value" in e},
-    )
-    run = support.run(launcher["command"], env=env).check()
+    run = support.run(launcher["command"], env=two_hosts_env(tmp_path, 1, launcher)).check()
 
     result = support.summary(summary)
     assert result["world_size"] == 2
@@ -97,11 +87,87 @@ def test_mpirun_runs_the_rendered_launcher_command_across_two_hosts(
     }
 
 
-def launcher_in(tmp_path: Path, hostfile: str, unresolved_tries: int) -> subprocess.Popen[str]:
+# The Voyager seed's mpirun flags (test16cards_mnist_PT.yaml), as a user pastes them.
+SEED_EXTRA_ARGS = [
+    *("--bind-to", "core", "--map-by", "ppr:4:socket:PE=6", "-rank-by", "core"),
+    *("--report-bindings", "--tag-output", "--merge-stderr-to-stdout", "--prefix", "$MPI_ROOT"),
+    *("-x", "MASTER_ADDR=$MASTER_ADDR", "-x", "MASTER_PORT=$MASTER_PORT", "-x", "PYTHONPATH"),
+    *("-x", "PT_HPU_LAZY_MODE=1"),
+]
+GAUDI_EXAMPLE = support.REPO / "manifests" / "examples" / "gaudi-mpi.yaml"
+GAUDI_NODE_TOPOLOGY = "pack:2 core:24 pu:1"  # 2 sockets of 24 cores: the PE=6 of the seed
+
+
+def test_the_seed_s_mpirun_flags_pasted_into_the_gaudi_example_run_under_mpirun(
+    tmp_path: Path,
+) -> None:
+    """The Gaudi example (2 nodes x 8) with the seed's flags in mpi.extraArgs, `$MPI_ROOT` and
+    `$MASTER_ADDR` among them: a real mpirun accepts the rendered line and its 16 ranks train,
+    over the stand-in hccl (test_gaudi_path.py) passed on by the seed's `-x PYTHONPATH`.
+    This machine has one socket of 2 cores, so Open MPI maps by a topology file of a Gaudi
+    node (hwloc's synthetic 2 x 24 cores) and binds nothing (rtc ^hwloc): the mapping is
+    checked, the binding only on such a node."""
+    require("LAUNCHERS")
+    document = yaml.safe_load(GAUDI_EXAMPLE.read_text())
+    document["spec"]["mpi"]["extraArgs"] = SEED_EXTRA_ARGS
+    summary = tmp_path / "summary.json"
+    document["spec"]["trainer"] = {
+        **{"dataset": "digits", "model": "mlp", "epochs": 2, "device": "cpu"},
+        **{"timeoutSeconds": 120, "summaryFile": str(summary)},
+    }
+    document["spec"]["port"] = free_port()
+    mpijob = build_mpijob(load_job(document), 0, BuildSettings())
+    (launcher,) = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    topology = tmp_path / "gaudi-node.xml"
+    lstopo = ["lstopo-no-graphics", "--input", GAUDI_NODE_TOPOLOGY, "--of", "xml"]
+    topology.write_text(subprocess.run(lstopo, capture_output=True, text=True, check=True).stdout)
+    env = two_hosts_env(tmp_path, slots=8, launcher=launcher)
+    env.update(
+        MPI_ROOT=str(Path(str(shutil.which("mpirun"))).parent.parent),  # Debian's: /usr
+        PYTHONPATH=str(Path(__file__).parent / "gaudi_standin"),
+        OMPI_MCA_hwloc_base_topo_file=str(topology),
+        OMPI_MCA_rtc="^hwloc",
+    )
+    run = support.run(launcher["command"], env=env).check()
+    result = support.summary(summary)
+    assert (result["world_size"], result["epochs_run"]) == (16, 2)
+    said = run.stdout + run.stderr  # --tag-output: "[1,<rank>]<stderr>:..."
+    assert "[1,15]<stderr>:ddp_trainer[rank 15]:" in said
+    assert said.count("launcher=openmpi backend=hccl device=cpu") == 16
+    # ppr:4:socket on a node of 2 sockets: 8 ranks on each of the two hosts
+    placements = re.findall(r"local_world_size=(\d+) node_rank=(\d+)", said)
+    assert sorted(set(placements)) == [("8", "0"), ("8", "1")]
+
+
+def two_hosts_env(tmp_path: Path, slots: int, launcher: dict[str, Any]) -> dict[str, str]:
+    """What the MPI Operator gives a launcher of two workers (127.0.0.2 and .3 in its host
+    file), with an rsh agent that runs each "host" here, and the launcher container's env."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"127.0.0.2 slots={slots}\n127.0.0.3 slots={slots}\n")
+    agent = tmp_path / "fake-ssh"
+    agent.write_text(FAKE_SSH)
+    agent.chmod(0o755)
+    return support.clean_env(
+        PATH=venv_first_path(),
+        OMPI_MCA_orte_default_hostfile=str(hostfile),
+        OMPI_MCA_orte_keep_fqdn_hostnames="true",
+        OMPI_MCA_plm_rsh_agent=str(agent),
+        TMPDIR=str(tmp_path),
+        **{e["name"]: e["value"] for e in launcher["env"] if "value" in e},
+    )
+
+
+def launcher_in(
+    tmp_path: Path,
+    hostfile: str,
+    unresolved_tries: int,
+    mpi: dict[str, Any] | None = None,
+    **env: str,
+) -> subprocess.Popen[str]:
     """The rendered launcher command with `getent` failing its first `unresolved_tries` looks
     for each name (a worker pod not yet created), `sleep` instant, and an `mpirun` that says
     what it was started with."""
-    job = make_job(nodes=2, launcher="mpi")
+    job = make_job(nodes=2, launcher="mpi", **({"mpi": mpi} if mpi else {}))
     mpijob = build_mpijob(job, 0, BuildSettings())
     (launcher,) = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
     (tmp_path / "hostfile").write_text(hostfile)
@@ -114,7 +180,7 @@ def launcher_in(tmp_path: Path, hostfile: str, unresolved_tries: int) -> subproc
             f'[ "$n" -ge {unresolved_tries} ] && echo "10.0.0.1 $2"'
         ),
         "sleep": "exit 0",
-        "mpirun": 'echo "mpirun MASTER_ADDR=$MASTER_ADDR"',
+        "mpirun": 'echo "mpirun MASTER_ADDR=$MASTER_ADDR"; printf "[%s]" "$@"',
     }
     for name, body in fakes.items():
         (tools / name).write_text("#!/bin/sh\n" + body + "\n")
@@ -122,6 +188,7 @@ def launcher_in(tmp_path: Path, hostfile: str, unresolved_tries: int) -> subproc
     env = support.clean_env(
         PATH=f"{tools}{os.pathsep}{os.environ['PATH']}",
         OMPI_MCA_orte_default_hostfile=str(tmp_path / "hostfile"),
+        **env,
     )
     return subprocess.Popen(
         launcher["command"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -137,7 +204,7 @@ def test_the_launcher_waits_until_every_worker_resolves(tmp_path: Path) -> None:
     """An MPIJob resumed from suspend starts its launcher with its workers: ssh would give up on
     a name with no record yet, so mpirun starts only once every host resolves."""
     out, err = launcher_in(tmp_path, HOSTFILE, unresolved_tries=3).communicate(timeout=60)
-    assert out == "mpirun MASTER_ADDR=job-worker-0.job.ns.svc\n", err
+    assert out.startswith("mpirun MASTER_ADDR=job-worker-0.job.ns.svc\n"), err
     for worker in range(2):
         assert (tmp_path / f"tries.job-worker-{worker}.job.ns.svc").read_text() == "4\n"
 
@@ -148,6 +215,37 @@ def test_a_launcher_whose_worker_never_resolves_says_which(tmp_path: Path) -> No
     assert launcher.returncode == 1
     assert out == ""  # mpirun never started
     assert f"job-worker-0.job.ns.svc did not resolve in {MPI_RESOLVE_WAIT_S} s" in err
+
+
+def test_extra_args_name_the_launcher_s_variables_and_mpi_root_is_the_prefix(
+    tmp_path: Path,
+) -> None:
+    """`$NAME` and `${NAME}` in extraArgs are the launcher's environment, expanded by its shell
+    and nothing else (no command substitution, no splitting); MPI_ROOT (Gaudi's images set it)
+    is the default --prefix, unless extraArgs give one."""
+    mpi = {"extraArgs": ["-x", "LIB=${MPI_ROOT}/lib", "-x", "ODD=$(id) $$HOME a b"]}
+    out, err = launcher_in(
+        tmp_path, "127.0.0.2 slots=1\n", unresolved_tries=0, mpi=mpi, MPI_ROOT="/opt/mpi x"
+    ).communicate(timeout=60)
+    assert "[mpirun][--prefix][/opt/mpi x][--allow-run-as-root]" not in out  # mpirun is $0
+    assert out.splitlines()[1].startswith("[--prefix][/opt/mpi x][--allow-run-as-root]"), out
+    assert "[-x][LIB=/opt/mpi x/lib][-x][ODD=$(id) $HOME a b][python]" in out, err
+
+    given = {"extraArgs": ["--prefix", "/usr/local/openmpi"]}
+    (tmp_path / "given").mkdir()
+    out, _ = launcher_in(
+        tmp_path / "given", "127.0.0.2 slots=1\n", 0, mpi=given, MPI_ROOT="/opt/mpi"
+    ).communicate(timeout=60)
+    assert "/opt/mpi]" not in out and "[--prefix][/usr/local/openmpi]" in out
+
+
+def test_a_variable_the_launcher_lacks_stops_it_naming_the_variable(tmp_path: Path) -> None:
+    launcher = launcher_in(
+        tmp_path, "127.0.0.2 slots=1\n", 0, mpi={"extraArgs": ["--prefix", "$MPI_ROOT"]}
+    )
+    out, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 1 and out == ""
+    assert "MPI_ROOT: not set in the launcher environment, and mpi.extraArgs names it" in err
 
 
 # --- Slurm ------------------------------------------------------------------------------------

@@ -363,8 +363,8 @@ def test_gaudi_defaults() -> None:
         "capabilities": {"drop": ["ALL"], "add": ["SYS_NICE"]},
     }
     assert container["resources"] == {
-        "limits": {"habana.ai/gaudi": 8, "hugepages-2Mi": "9500Mi"},
-        "requests": {"habana.ai/gaudi": 8, "hugepages-2Mi": "9500Mi", "memory": "32Gi"},
+        "limits": {"habana.ai/gaudi": 8, "hugepages-2Mi": "95000Mi"},
+        "requests": {"habana.ai/gaudi": 8, "hugepages-2Mi": "95000Mi", "memory": "32Gi"},
     }
 
 
@@ -621,8 +621,10 @@ def test_mpijob_for_gaudi() -> None:
     assert obj["spec"]["launcherCreationPolicy"] == "WaitForWorkersReady"
     words = launcher_script(obj)
     mpirun = words[words.index("mpirun") :]
-    assert mpirun[:10] == [
+    assert mpirun[:12] == [
         "mpirun",
+        "${MPI_ROOT:+--prefix",  # the image's Open MPI for the orteds ssh starts, where set
+        "$MPI_ROOT}",
         "--allow-run-as-root",
         "-np",
         "16",

@@ -96,7 +96,7 @@ def test_workload_describes_the_pod_set_with_accelerator_and_hugepages() -> None
     (pod_set,) = spec["podSets"]
     assert (pod_set["name"], pod_set["count"]) == ("worker", 2)
     requests = pod_set["template"]["spec"]["containers"][0]["resources"]["requests"]
-    assert requests == {"habana.ai/gaudi": 8, "hugepages-2Mi": "9500Mi", "memory": "32Gi"}
+    assert requests == {"habana.ai/gaudi": 8, "hugepages-2Mi": "95000Mi", "memory": "32Gi"}
     assert "hostname" not in pod_set["template"]["spec"]
 
 

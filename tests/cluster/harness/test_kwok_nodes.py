@@ -56,7 +56,7 @@ def test_pod_asking_more_gpus_than_a_node_has_stays_unschedulable(
 def test_gaudi_pod_lands_on_a_gaudi_node(cluster: Cluster, namespace: str) -> None:
     core = cluster.core
     # What the operator asks for a Gaudi worker: all 8 cards, hugepages, and memory with them.
-    limits = {"habana.ai/gaudi": "8", "hugepages-2Mi": "9500Mi", "memory": "64Gi", "cpu": "16"}
+    limits = {"habana.ai/gaudi": "8", "hugepages-2Mi": "95000Mi", "memory": "64Gi", "cpu": "16"}
     core.create_namespaced_pod(namespace, pod_manifest("gaudi", limits=limits))
     pod = wait_for_phase(core, namespace, "gaudi", "Running")
     assert node_accelerator(core, pod.spec.node_name) == "gaudi"
