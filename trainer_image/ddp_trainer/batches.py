@@ -98,7 +98,8 @@ def shared_tensor(array: np.ndarray) -> torch.Tensor:
     """`array` copied into shared memory: a process it is then pickled to (a DataLoader worker
     started by forkserver) maps these pages instead of receiving a copy of its own."""
     dtype = torch.from_numpy(np.empty(0, array.dtype.newbyteorder("="))).dtype
-    tensor = torch.empty(array.shape, dtype=dtype).share_memory_()
+    tensor = torch.empty(array.shape, dtype=dtype)
+    tensor.share_memory_()  # type: ignore[no-untyped-call]  # in place
     tensor.numpy()[...] = array
     return tensor
 

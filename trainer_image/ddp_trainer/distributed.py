@@ -8,11 +8,12 @@ MASTER_ADDR, which then comes from the host file. `discover_world` reads any of 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -298,6 +299,20 @@ def init_process_group(
         timeout=timeout,
         device_id=device if device.type == "cuda" else None,
     )
+
+
+@contextlib.contextmanager
+def cpu_group(timeout: timedelta, backend: str | None = None) -> Iterator[Any]:
+    """A gloo group of every rank, for host-memory collectives with a timeout of their own;
+    the default group itself (None) where it is gloo already (`backend`)."""
+    if backend == "gloo":
+        yield None
+        return
+    group = dist.new_group(backend="gloo", timeout=timeout)
+    try:
+        yield group
+    finally:
+        dist.destroy_process_group(group)
 
 
 def _make_flight_recorder_dir(env: Mapping[str, str]) -> None:

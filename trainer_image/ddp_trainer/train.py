@@ -327,12 +327,9 @@ class Recipe:
             if self.world.local_rank == 0:
                 download_dataset(self.options, log.info)
             if self.world.distributed:
-                # A gloo group of its own: a download may outlast the collectives' short timeout.
-                waiting = cast(
-                    dist.ProcessGroup, dist.new_group(backend="gloo", timeout=DOWNLOAD_TIMEOUT)
-                )
-                dist.barrier(group=waiting)
-                dist.destroy_process_group(waiting)
+                # A group of its own: a download may outlast the collectives' short timeout.
+                with distributed.cpu_group(DOWNLOAD_TIMEOUT) as waiting:
+                    dist.barrier(group=waiting)
         splits = load_dataset(self.options)
         if self.world.is_main:
             log.info(
@@ -354,9 +351,13 @@ class Recipe:
             store = stores.open_store(self.options.checkpoint_dir)
             found = checkpoint.load_latest_checkpoint(store)
         if self.world.distributed:
-            # Sent, not re-read: other nodes need not share the checkpoint volume.
+            # Sent, not re-read: other nodes need not share the checkpoint volume. From host
+            # memory: on the default group the pickled checkpoint would go to each device and
+            # back, as uint8, a type HCCL's collectives do not take.
             box = [found]
-            dist.broadcast_object_list(box, src=0)
+            timeout = timedelta(seconds=self.options.timeout_seconds)
+            with distributed.cpu_group(timeout, self.backend) as group:
+                dist.broadcast_object_list(box, src=0, group=group)
             found = box[0]
         if found is None:
             return
