@@ -1,5 +1,6 @@
-"""python -m benchmarks [trainer|checkpoint|work-lost|operator|crd|shards|recovery|all] [--peers]
-[--repeats N] [--quick] [--no-write]"""
+"""python -m benchmarks
+[trainer|checkpoint|work-lost|operator|crd|shards|recovery|loader-memory|all]
+[--peers] [--repeats N] [--quick] [--no-write]"""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ BENCHMARKS = {
     "crd": "crd_cost",
     "shards": "shards",
     "recovery": "recovery",
+    "loader-memory": "loader_memory",
 }
 
 

@@ -14,6 +14,7 @@ that are normalized after the copy to the device.
 from __future__ import annotations
 
 import math
+import multiprocessing
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -156,7 +157,7 @@ class LoaderBatches:
             # threads, and a child forked from it can hang on a lock one of them held (the
             # likely cause of a rank that once stalled for a minute in its first epoch in the
             # trainer tier). The workers are persistent: a fresh interpreter is paid for once.
-            multiprocessing_context="forkserver" if num_workers > 0 else None,
+            multiprocessing_context=_forkserver() if num_workers > 0 else None,
         )
 
     def __call__(self, indices: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -164,6 +165,14 @@ class LoaderBatches:
         for images, labels in self.loader:
             on_device = images.to(self.device, non_blocking=True)
             yield self.normalize(on_device), labels.to(self.device, non_blocking=True)
+
+
+def _forkserver() -> multiprocessing.context.BaseContext:
+    """Workers forked from a server that imported torch once: they share its pages, where
+    each worker of a bare server imports torch for itself (about 240 MB apiece)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])  # no effect once the server runs
+    return context
 
 
 def make_batches(
