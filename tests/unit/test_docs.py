@@ -7,14 +7,16 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from kube_ddp.api import load_job
 from kube_ddp.builders import NCCL_WATCHDOG_ENV
 from kube_ddp.reasons import PodReason, Reason
 from tests.kind.lines import as_run_here, build_arg, dockerfile, kind_lines
-from tests.unit.support import REPO
+from tests.unit.support import EXAMPLES, REPO
 
 # Top-level folders a reference to a repository path starts with.
 TOP = (
@@ -143,3 +145,73 @@ def test_the_kind_tier_runs_the_kind_lines_the_podman_way(tmp_path: Path) -> Non
     assert torch[:2] == ["podman", "build"]
     for arg in ("PYTHON_IMAGE=local/pip", "TORCH_INDEX=https://index.invalid/simple"):
         assert arg in torch
+
+
+FENCED_YAML = re.compile(r"^```yaml\n(.*?)^```", re.MULTILINE | re.DOTALL)
+NEEDS_FILES = {"mnist", "fashion-mnist", "cifar10"}  # the datasets the trainer reads from files
+
+
+def doc_jobs() -> list[tuple[str, dict[str, Any]]]:
+    """Every whole DDPTrainingJob in a yaml block of the README or docs/."""
+    found = []
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for block in FENCED_YAML.findall(path.read_text()):
+            document = yaml.safe_load(block)
+            if isinstance(document, dict) and document.get("kind") == "DDPTrainingJob":
+                found.append((f"{path.name}: {document['metadata']['name']}", document))
+    return found
+
+
+def example_jobs() -> dict[str, dict[str, Any]]:
+    examples = {}
+    for path in EXAMPLES:
+        for document in yaml.safe_load_all(path.read_text()):
+            if document and document.get("kind") == "DDPTrainingJob":
+                examples[document["metadata"]["name"]] = document
+    return examples
+
+
+def data_problem(document: dict[str, Any]) -> str | None:
+    """Why the trainer would find no data: a file dataset neither downloaded nor on a claim."""
+    spec = document["spec"]
+    trainer = spec.get("trainer") or {}
+    if trainer.get("dataset") not in NEEDS_FILES or trainer.get("download"):
+        return None
+    claims = {
+        volume["name"]
+        for volume in spec.get("template", {}).get("volumes", [])
+        if "persistentVolumeClaim" in volume
+    }
+    data_dir = trainer.get("dataDir", "")
+    for mount in spec.get("template", {}).get("volumeMounts", []):
+        if mount["name"] in claims and data_dir.startswith(mount["mountPath"]):
+            return None
+    return f"{trainer['dataset']} is not downloaded and dataDir {data_dir!r} is on no claim"
+
+
+def contains(whole: Any, part: Any) -> bool:
+    """`part` is `whole` abridged: each of its keys with a value `whole` contains too."""
+    if isinstance(part, dict):
+        return isinstance(whole, dict) and all(
+            key in whole and contains(whole[key], value) for key, value in part.items()
+        )
+    return bool(whole == part)
+
+
+@pytest.mark.parametrize(("where", "document"), doc_jobs(), ids=lambda value: str(value)[:40])
+def test_a_job_printed_in_the_docs_is_valid_finds_its_data_and_matches_its_example(
+    where: str, document: dict[str, Any]
+) -> None:
+    """The README's job trains as printed (it once lacked `download: true`, and exited 78)."""
+    load_job(document)
+    assert data_problem(document) is None, where
+    example = example_jobs().get(document["metadata"]["name"])
+    if example is not None:
+        assert contains(example["spec"], document["spec"]), f"{where} differs from its example"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
+def test_every_example_finds_its_data(path: Path) -> None:
+    for document in yaml.safe_load_all(path.read_text()):
+        if document and document.get("kind") == "DDPTrainingJob":
+            assert data_problem(document) is None, path.name
