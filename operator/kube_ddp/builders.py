@@ -292,9 +292,28 @@ def container_resources(spec: DDPTrainingJobSpec) -> Obj:
     return resources
 
 
+def trainer_image_variant(spec: DDPTrainingJobSpec) -> str:
+    """Which of a release's trainer images a job without its own runs: the MPI one for
+    launcher: mpi, the CPU one (multi-arch, no CUDA) for CPU jobs, the CUDA one else. No
+    release carries Intel's or AMD's torch: a Gaudi or AMD job names its own image."""
+    if spec.launcher == "mpi":
+        return "mpi"
+    return "cpu" if spec.accelerator.type == "cpu" else "cuda"
+
+
+def trainer_image(spec: DDPTrainingJobSpec, settings: BuildSettings) -> str:
+    """The job's image, else the operator's trainer image of the job's variant: its tag with
+    the variant's suffix, as a release tags them (an image pinned by digest is taken whole)."""
+    if spec.image:
+        return spec.image
+    if "@" in settings.trainer_image:
+        return settings.trainer_image
+    return settings.trainer_image + names.TRAINER_IMAGE_SUFFIXES[trainer_image_variant(spec)]
+
+
 def image_fields(spec: DDPTrainingJobSpec, settings: BuildSettings) -> Obj:
     """The container's image (the job's, else the operator's trainer image) and pull policy."""
-    fields: Obj = {"image": spec.image or settings.trainer_image}
+    fields: Obj = {"image": trainer_image(spec, settings)}
     if spec.image_pull_policy:
         fields["imagePullPolicy"] = spec.image_pull_policy
     return fields

@@ -12,7 +12,12 @@ from typing import Any
 import yaml
 
 from kube_ddp import clusterview, podsecurity
-from kube_ddp.builders import BuildSettings, build_children
+from kube_ddp.builders import (
+    BuildSettings,
+    build_children,
+    trainer_image,
+    trainer_image_variant,
+)
 from kube_ddp.config import LeaseSettings, OperatorConfig, default_namespace
 from kube_ddp.crd import custom_resource_definition
 from kube_ddp.jobfile import InputError, read_jobs
@@ -50,12 +55,20 @@ def cmd_render(args: argparse.Namespace) -> int:
     for job in jobs:
         if job.spec.image is None:
             what = "its command" if job.spec.command is not None else "the trainer"
+            variant = trainer_image_variant(job.spec)
             print(
-                f"kube-ddp: {job.name}: {what} runs in {settings.trainer_image}, the operator's "
-                "trainer image (spec.image unset; the operator's --trainer-image, the chart's "
-                "operator.trainerImage)",
+                f"kube-ddp: {job.name}: {what} runs in {trainer_image(job.spec, settings)}, the "
+                f"operator's {variant} trainer image (spec.image unset; the operator's "
+                "--trainer-image, the chart's operator.trainerImage)",
                 file=sys.stderr,
             )
+            if job.spec.accelerator.type in ("gaudi", "amd"):
+                print(
+                    f"kube-ddp: {job.name}: no release image carries the torch of "
+                    f"{job.spec.accelerator.type}: set spec.image to one built on its vendor's "
+                    "PyTorch image (docs/install.md, 'Building and loading them')",
+                    file=sys.stderr,
+                )
         pods = podsecurity.rendered_pods(rendered[job.name])
         print(f"kube-ddp: {job.name}: {pod_security_summary(pods)}", file=sys.stderr)
         if args.pod_security is not None:
@@ -140,7 +153,8 @@ def _add_trainer_image(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trainer-image",
         default=DEFAULTS.trainer_image,
-        help="the image of jobs that name none (default: %(default)s)",
+        help="the trainer release whose images jobs that name none run: this tag for GPU "
+        "jobs, with -cpu for CPU jobs and -mpi for launcher: mpi (default: %(default)s)",
     )
 
 

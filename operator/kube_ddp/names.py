@@ -32,6 +32,8 @@ LAUNCHER_PLACEMENT_ANNOTATION: Final = f"{GROUP}/launcher-placement"
 
 TRAINER_REPOSITORY: Final = "ghcr.io/kube-ddp/ddp-trainer"
 DEFAULT_TRAINER_IMAGE: Final = f"{TRAINER_REPOSITORY}:{__version__}"
+# A release's trainer images: its tag, and the tag with each suffix (release.yaml's matrix).
+TRAINER_IMAGE_SUFFIXES: Final = {"cuda": "", "cpu": "-cpu", "mpi": "-mpi"}
 TRAINER_IMAGE_GID: Final = contract.IMAGE_GID
 TRAINER_CONTAINER: Final = "trainer"
 

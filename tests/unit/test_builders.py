@@ -21,6 +21,7 @@ from kube_ddp.builders import (
     build_mpijob,
     build_worker_pod,
     mpi_admission_probes,
+    trainer_image,
 )
 from tests.unit.support import make_job, validate_strict
 
@@ -576,8 +577,41 @@ def test_a_command_that_starts_its_own_launcher_is_left_alone(command: list[str]
     assert "RANK" not in env_of(container)
 
 
-def test_default_image_comes_from_the_settings() -> None:
-    assert container_of(worker({"nodes": 1}))["image"] == "registry.example/trainer:1"
+def pods_of(job: Any) -> list[dict[str, Any]]:
+    """The job's pods, or its MPIJob's launcher and worker templates."""
+    pods = []
+    for obj in build_children(job, settings=SETTINGS):
+        if obj["kind"] == "Pod":
+            pods.append(obj)
+        elif obj["kind"] == "MPIJob":
+            pods += [r["template"] for r in obj["spec"]["mpiReplicaSpecs"].values()]
+    return pods
+
+
+@pytest.mark.parametrize(
+    ("spec", "image"),
+    [
+        ({"nodes": 1}, "registry.example/trainer:1-cpu"),  # multi-arch, no CUDA
+        ({"accelerator": {"type": "nvidia", "perNode": 8}}, "registry.example/trainer:1"),
+        (
+            {"launcher": "mpi", "accelerator": {"type": "nvidia", "perNode": 8}},
+            "registry.example/trainer:1-mpi",
+        ),
+        ({"launcher": "mpi"}, "registry.example/trainer:1-mpi"),
+        ({"image": "me/mine:2", "launcher": "mpi"}, "me/mine:2"),
+    ],
+)
+def test_the_default_image_follows_the_job(spec: dict[str, Any], image: str) -> None:
+    """CPU jobs the release's CPU image, GPU jobs its CUDA one, MPI jobs its MPI variant: the
+    release workflow's tags, from the operator's one setting."""
+    job = make_job(**{"nodes": 2, **spec})
+    assert {container_of(pod)["image"] for pod in pods_of(job)} == {image}
+
+
+def test_a_trainer_image_pinned_by_digest_is_taken_whole() -> None:
+    pinned = BuildSettings(trainer_image="registry.example/trainer@sha256:" + "0" * 64)
+    job = make_job(nodes=1)
+    assert trainer_image(job.spec, pinned) == pinned.trainer_image
 
 
 def test_port_is_used_everywhere() -> None:

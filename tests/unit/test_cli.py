@@ -37,7 +37,7 @@ def env(pod: dict[str, Any]) -> dict[str, str]:
 def image_note(job: str, what: str) -> str:
     return (
         f"kube-ddp: {job}: {what} runs in ghcr.io/kube-ddp/ddp-trainer:0.1.0, the operator's "
-        "trainer image (spec.image unset; the operator's --trainer-image, the chart's "
+        "cuda trainer image (spec.image unset; the operator's --trainer-image, the chart's "
         "operator.trainerImage)\n"
         f"kube-ddp: {job}: its pods meet the restricted Pod Security Standard\n"
     )
@@ -202,3 +202,12 @@ def test_render_takes_an_mpi_job_with_a_queue(
     code, objects, _ = render(capsys, write_job(queued_mpi))
     assert code == 0
     assert "MPIJob" in {o["kind"] for o in objects}
+
+
+def test_render_says_a_gaudi_job_needs_an_image_of_its_own(
+    capsys: pytest.CaptureFixture[str], write_job
+) -> None:
+    gaudi = BAR.replace("nvidia, perNode: 8}", "gaudi, perNode: 8}")
+    _, _, said = render(capsys, write_job(gaudi))
+    assert "no release image carries the torch of gaudi: set spec.image" in said
+    assert "no release image" not in render(capsys, write_job(BAR))[2]
