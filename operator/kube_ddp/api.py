@@ -207,18 +207,24 @@ class ElasticPolicy(Model):
 class MPIOptions(Model):
     """How the MPI launcher maps processes (launcher: mpi)."""
 
-    sockets_per_node: int = Field(
-        2, ge=1, description="CPU sockets per node; ranks are spread evenly over them."
-    )
-    cores_per_process: int = Field(
-        6,
+    sockets_per_node: int | None = Field(
+        None,
         ge=1,
-        description="Physical cores bound to each process (mpirun --map-by ...:PE=<n>); "
-        "cores per socket divided by accelerators per socket.",
+        description="CPU sockets per node: ranks are spread evenly over them, each bound to "
+        "coresPerProcess cores (--map-by ppr:<ranks per socket>:socket:PE=<cores> --bind-to "
+        "core). Gaudi's default: 2. Other accelerators bind nothing unless this or "
+        "coresPerProcess is set (--map-by slot --bind-to none, as Horovod's mpirun line).",
+    )
+    cores_per_process: int | None = Field(
+        None,
+        ge=1,
+        description="Physical cores bound to each process (PE=<n>): cores per socket divided "
+        "by accelerators per socket. Gaudi's default: 6; else 1 where socketsPerNode is set.",
     )
     map_by: str | None = Field(
         None,
-        description="The whole --map-by value, replacing ppr:<per socket>:socket:PE=<cores>.",
+        description="The whole --map-by value (processes bound to cores), replacing the one "
+        "socketsPerNode and coresPerProcess make.",
     )
     extra_args: list[str] = Field(
         default_factory=list,

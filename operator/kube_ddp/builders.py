@@ -681,6 +681,28 @@ def launcher_shell_word(arg: str) -> str:
     return "".join(parts)
 
 
+# Intel's Gaudi nodes (HLS): 2 sockets, and cores per socket over cards per socket, 6, bound to
+# each process (Model-References' and the Voyager jobs' --map-by ppr:4:socket:PE=6).
+GAUDI_SOCKETS_PER_NODE: Final = 2
+GAUDI_CORES_PER_PROCESS: Final = 6
+
+
+def mpirun_placement(spec: DDPTrainingJobSpec) -> list[str]:
+    """How mpirun maps and binds the ranks: Gaudi's binding for Gaudi, the job's where it sets
+    one, else none (Horovod's `-bind-to none -map-by slot`: torch and NCCL place their own
+    threads, and a core bound to each rank would starve its intra-op pool)."""
+    mpi = _mpi(spec)
+    sockets, cores = mpi.sockets_per_node, mpi.cores_per_process
+    if spec.accelerator.type == "gaudi":
+        sockets = sockets or GAUDI_SOCKETS_PER_NODE
+        cores = cores or GAUDI_CORES_PER_PROCESS
+    if mpi.map_by is None and sockets is None and cores is None:
+        return ["--bind-to", "none", "--map-by", "slot"]
+    per_socket = math.ceil(spec.procs_per_node / (sockets or 1))
+    map_by = mpi.map_by or f"ppr:{per_socket}:socket:PE={cores or 1}"
+    return ["--bind-to", "core", "--map-by", map_by, "--rank-by", "core"]
+
+
 def _sets_prefix(extra_args: Sequence[str]) -> bool:
     return any(arg in ("--prefix", "-prefix") or arg.startswith("--prefix=") for arg in extra_args)
 
@@ -689,8 +711,6 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
     """The launcher's mpirun line; MASTER_ADDR is the first host of the MPI host file."""
     spec = job.spec
     mpi = _mpi(spec)
-    per_socket = math.ceil(spec.procs_per_node / mpi.sockets_per_node)
-    map_by = mpi.map_by or f"ppr:{per_socket}:socket:PE={mpi.cores_per_process}"
     program = (
         spec.command + (spec.args or [])
         if spec.command
@@ -712,9 +732,7 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
     options = [
         "--allow-run-as-root",
         *("-np", str(spec.world_size)),
-        *("--bind-to", "core"),
-        *("--map-by", map_by),
-        *("--rank-by", "core"),
+        *mpirun_placement(spec),
         *("--mca", "plm_rsh_args", ssh),
         *(arg for name in exported for arg in ("-x", name)),
     ]

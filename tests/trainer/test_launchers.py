@@ -139,11 +139,13 @@ def test_the_seed_s_mpirun_flags_pasted_into_the_gaudi_example_run_under_mpirun(
     assert sorted(set(placements)) == [("8", "0"), ("8", "1")]
 
 
-def two_hosts_env(tmp_path: Path, slots: int, launcher: dict[str, Any]) -> dict[str, str]:
-    """What the MPI Operator gives a launcher of two workers (127.0.0.2 and .3 in its host
+def two_hosts_env(
+    tmp_path: Path, slots: int, launcher: dict[str, Any], hosts: int = 2
+) -> dict[str, str]:
+    """What the MPI Operator gives a launcher of `hosts` workers (127.0.0.2, .3, ... in its host
     file), with an rsh agent that runs each "host" here, and the launcher container's env."""
     hostfile = tmp_path / "hostfile"
-    hostfile.write_text(f"127.0.0.2 slots={slots}\n127.0.0.3 slots={slots}\n")
+    hostfile.write_text("".join(f"127.0.0.{2 + i} slots={slots}\n" for i in range(hosts)))
     agent = tmp_path / "fake-ssh"
     agent.write_text(FAKE_SSH)
     agent.chmod(0o755)
@@ -155,6 +157,43 @@ def two_hosts_env(tmp_path: Path, slots: int, launcher: dict[str, Any]) -> dict[
         TMPDIR=str(tmp_path),
         **{e["name"]: e["value"] for e in launcher["env"] if "value" in e},
     )
+
+
+HOROVOD_EXAMPLE = support.REPO / "manifests" / "examples" / "horovod-style-mpi-gpu.yaml"
+
+
+@pytest.mark.parametrize(("nodes", "per_node"), [(1, 8), (2, 4)])
+def test_the_horovod_style_example_runs_under_mpirun_without_binding(
+    tmp_path: Path, nodes: int, per_node: int
+) -> None:
+    """The seed's `mpirun -np 8` on 8 GPUs, 1 node x 8 and 2 x 4: the MPI image picked, the
+    ranks unbound and mapped by slot (Horovod's line), 8 ranks trained; on the CPU (gloo) in
+    place of the GPUs."""
+    require("LAUNCHERS")
+    document = yaml.safe_load(HOROVOD_EXAMPLE.read_text())
+    document["spec"].update(nodes=nodes, accelerator={"type": "nvidia", "perNode": per_node})
+    job = load_job(document)
+    mpijob = build_mpijob(job, 0, BuildSettings())
+    (launcher,) = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    assert launcher["image"].endswith("-mpi")
+    words = launcher["command"][2].split()
+    assert "--bind-to none --map-by slot" in " ".join(words)
+    summary = tmp_path / "summary.json"
+    document["spec"].update(
+        backend="gloo",  # the stand-in for NCCL here
+        port=free_port(),
+        trainer={
+            **{"dataset": "digits", "model": "mlp", "epochs": 1, "device": "cpu"},
+            **{"timeoutSeconds": 120, "summaryFile": str(summary)},
+        },
+    )
+    mpijob = build_mpijob(load_job(document), 0, BuildSettings())
+    (launcher,) = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    env = two_hosts_env(tmp_path, per_node, launcher, hosts=nodes)
+    run = support.run(launcher["command"], env=env).check()
+    assert support.summary(summary)["world_size"] == 8
+    placements = set(re.findall(r"local_world_size=(\d+) node_rank=(\d+)", run.stderr))
+    assert placements == {(str(per_node), str(node)) for node in range(nodes)}
 
 
 def launcher_in(
