@@ -229,6 +229,25 @@ def test_the_own_script_example_runs_under_torchrun_started_by_kube_ddp() -> Non
     assert summary_value(done.stderr, "epochs") == "2/2"  # its one `report` line
 
 
+def test_the_mp_spawn_example_runs_as_written_one_process_spawning_its_ranks() -> None:
+    """manifests/examples/mp-spawn as shipped (the tutorial's script, unchanged), on the CPU:
+    the pod's one process spawns its own ranks (2 without a GPU), under its own MASTER_ADDR."""
+    example = support.REPO / "manifests" / "examples" / "mp-spawn"
+    done = subprocess.run(
+        [KUBE_DDP, "run", "--local", "--cpu", "job.yaml"],
+        cwd=example,
+        env=support.clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=support.RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "1 workers x 1 process" in done.stderr
+    assert set(re.findall(r"rank (\d) of (\d):", done.stdout)) == {("0", "2"), ("1", "2")}
+    assert summary_value(done.stderr, "phase") == "Succeeded"
+
+
 def test_ctrl_c_saves_a_checkpoint_and_the_next_run_resumes_from_it(tmp_path: Path) -> None:
     """Ctrl-C to `kube-ddp run --local`: its workers get SIGTERM, as a suspended job's pods
     do, agree on a step, save it and exit 86; the runner says where; the same command again
