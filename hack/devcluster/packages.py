@@ -96,6 +96,7 @@ BASE = frozenset(
         "bash",
         "cat",
         "chown",
+        "dpkg-deb",  # takes a binary out of a Debian package (devcluster.build.FROM_DEBIAN)
         "env",
         "gcc",
         "getent",  # the MPI launcher's script waits on it (libc-bin)
