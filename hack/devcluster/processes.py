@@ -149,3 +149,30 @@ def tail(path: Path, lines: int = 20) -> str:
 
 def is_healthy(url: str, context: ssl.SSLContext | None = None) -> bool:
     return http_get(url, context)[0] == 200
+
+
+def start_until_up(
+    name: str,
+    start: Callable[[], subprocess.Popen[bytes]],
+    up: Callable[[subprocess.Popen[bytes]], None],
+    flaky: str,
+    tries: int,
+    logs: Path = LOGS,
+) -> subprocess.Popen[bytes]:
+    """Start `name` and wait until `up(process)` returns; started again, saying why, when it
+    exited having logged `flaky` (a known race at its start), at most `tries` times in all."""
+    for attempt in range(1, tries + 1):
+        log_path = logs / f"{name}.log"
+        before = log_path.stat().st_size if log_path.exists() else 0
+        process = start()
+        try:
+            up(process)
+            return process
+        except ClusterError:
+            with open(log_path, "rb") as log_file:
+                log_file.seek(before)
+                said = log_file.read().decode(errors="replace")
+            if process.poll() is None or flaky not in said or attempt == tries:
+                raise
+            log(f"{name} exited at start with '{flaky}', a race of its own: starting it again")
+    raise AssertionError("unreachable")
