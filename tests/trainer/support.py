@@ -329,3 +329,15 @@ def two_ranks(**extra: str) -> list[dict[str, str]]:
         )
         for rank in range(2)
     ]
+
+
+def hung_rank_run(args: list[str], envs: list[dict[str, str]]) -> tuple[Run, str]:
+    """The trainer as rank 0 and rank 1 (`two_ranks`' envs), rank 0 run to its end (rank 1
+    hangs), then rank 1 killed: rank 0's run, and what rank 1 logged."""
+    rank0, rank1 = (start(trainer_command(*args), env) for env in envs)
+    try:
+        run = finish(rank0)
+    finally:
+        rank1.kill()
+        _, hung_stderr = rank1.communicate()
+    return run, hung_stderr

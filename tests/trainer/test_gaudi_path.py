@@ -52,12 +52,7 @@ def test_a_hung_rank_is_named_by_its_steps_when_collectives_are_not_counted() ->
         for env in support.two_ranks(DDP_TRAINER_HANG_AT_EPOCH="1")
     ]
     args = ["--dataset=synthetic", "--device=cpu", "--epochs=500", "--timeout-seconds=12"]
-    rank0, rank1 = (support.start(support.trainer_command(*args), env) for env in envs)
-    try:
-        run = support.finish(rank0)
-    finally:
-        rank1.kill()
-        rank1.communicate()
+    run, _ = support.hung_rank_run(args, envs)
     assert run.returncode == EXIT_PEER_LOST, run.stderr[-2000:]
     assert "rank 1 (pod hung-worker-1, node " in run.stderr, run.stderr[-2000:]
     assert "step(s) behind the others" in run.stderr

@@ -207,14 +207,12 @@ def test_the_demo_job_reaches_its_target(tmp_path: Path) -> None:
     assert float(summary_value(done.stderr, "best val-acc")) >= 0.98
 
 
-def test_the_own_script_example_runs_under_torchrun_started_by_kube_ddp() -> None:
-    """manifests/examples/own-script as shipped, from its directory (the job names
-    `train.py`, a plain PyTorch script): 2 pods x 2 processes, each with its rank from the
-    torchrun kube-ddp put in front of `python train.py`."""
-    example = support.REPO / "manifests" / "examples" / "own-script"
+def run_example(name: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`kube-ddp run --local job.yaml` in the example's directory, as its comment says; it must
+    succeed."""
     done = subprocess.run(
-        [KUBE_DDP, "run", "--local", "job.yaml"],
-        cwd=example,
+        [KUBE_DDP, "run", "--local", *flags, "job.yaml"],
+        cwd=support.REPO / "manifests" / "examples" / name,
         env=support.clean_env(),
         capture_output=True,
         text=True,
@@ -222,6 +220,14 @@ def test_the_own_script_example_runs_under_torchrun_started_by_kube_ddp() -> Non
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def test_the_own_script_example_runs_under_torchrun_started_by_kube_ddp() -> None:
+    """manifests/examples/own-script as shipped, from its directory (the job names
+    `train.py`, a plain PyTorch script): 2 pods x 2 processes, each with its rank from the
+    torchrun kube-ddp put in front of `python train.py`."""
+    done = run_example("own-script")
     ranks = set(re.findall(r"rank (\d) of 4 \(local rank (\d)\)", done.stdout))
     assert ranks == {("0", "0"), ("1", "1"), ("2", "0"), ("3", "1")}
     assert "done: 200 steps on 4 ranks" in done.stdout
@@ -232,17 +238,7 @@ def test_the_own_script_example_runs_under_torchrun_started_by_kube_ddp() -> Non
 def test_the_mp_spawn_example_runs_as_written_one_process_spawning_its_ranks() -> None:
     """manifests/examples/mp-spawn as shipped (the tutorial's script, unchanged), on the CPU:
     the pod's one process spawns its own ranks (2 without a GPU), under its own MASTER_ADDR."""
-    example = support.REPO / "manifests" / "examples" / "mp-spawn"
-    done = subprocess.run(
-        [KUBE_DDP, "run", "--local", "--cpu", "job.yaml"],
-        cwd=example,
-        env=support.clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=support.RUN_TIMEOUT_S,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_example("mp-spawn", "--cpu")
     assert "1 workers x 1 process" in done.stderr
     assert set(re.findall(r"rank (\d) of (\d):", done.stdout)) == {("0", "2"), ("1", "2")}
     assert summary_value(done.stderr, "phase") == "Succeeded"

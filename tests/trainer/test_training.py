@@ -228,12 +228,7 @@ def test_a_rank_hung_in_its_own_code_is_named_and_shows_where_it_is() -> None:
     its stack, stalled in the hook, before the timeout."""
     envs = support.two_ranks(DDP_TRAINER_HANG_AT_EPOCH="1")
     args = ["--dataset", "synthetic", "--epochs", "500", "--timeout-seconds", "12"]
-    rank0, rank1 = (support.start(support.trainer_command(*args), env) for env in envs)
-    try:
-        run = support.finish(rank0)
-    finally:
-        rank1.kill()
-        _, hung_stderr = rank1.communicate()
+    run, hung_stderr = support.hung_rank_run(args, envs)
     assert run.returncode == EXIT_PEER_LOST, run.stderr[-2000:]
     said = "rank 1 (pod hung-worker-1, node "
     assert said in run.stderr and "collective(s) behind the others" in run.stderr, run.stderr
