@@ -16,7 +16,7 @@ from kube_ddp.api import load_job
 from kube_ddp.builders import NCCL_WATCHDOG_ENV
 from kube_ddp.reasons import PodReason, Reason
 from tests.kind.lines import as_run_here, build_arg, dockerfile, kind_lines
-from tests.unit.support import EXAMPLES, REPO
+from tests.unit.support import EXAMPLES, REPO, validate_strict
 
 # Top-level folders a reference to a repository path starts with.
 TOP = (
@@ -156,9 +156,9 @@ def doc_jobs() -> list[tuple[str, dict[str, Any]]]:
     found = []
     for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         for block in FENCED_YAML.findall(path.read_text()):
-            document = yaml.safe_load(block)
-            if isinstance(document, dict) and document.get("kind") == "DDPTrainingJob":
-                found.append((f"{path.name}: {document['metadata']['name']}", document))
+            for document in yaml.safe_load_all(block):
+                if isinstance(document, dict) and document.get("kind") == "DDPTrainingJob":
+                    found.append((f"{path.name}: {document['metadata']['name']}", document))
     return found
 
 
@@ -215,3 +215,75 @@ def test_every_example_finds_its_data(path: Path) -> None:
     for document in yaml.safe_load_all(path.read_text()):
         if document and document.get("kind") == "DDPTrainingJob":
             assert data_problem(document) is None, path.name
+
+
+STORAGE = REPO / "docs" / "storage.md"
+
+
+def storage_objects() -> dict[str, dict[str, Any]]:
+    """docs/storage.md's objects by name: the examples' claims and the loading Job."""
+    found = {}
+    for block in FENCED_YAML.findall(STORAGE.read_text()):
+        for document in yaml.safe_load_all(block):
+            found[document["metadata"]["name"]] = document
+    return found
+
+
+def example_claims() -> list[tuple[str, str, bool]]:
+    """(example, claim, mounted read-only) for every claim an example job mounts."""
+    claims = []
+    for path in EXAMPLES:
+        for document in yaml.safe_load_all(path.read_text()):
+            if not document or document.get("kind") != "DDPTrainingJob":
+                continue
+            template = document["spec"].get("template", {})
+            for volume in template.get("volumes", []):
+                claim = volume.get("persistentVolumeClaim")
+                if claim:
+                    mounts = [m for m in template["volumeMounts"] if m["name"] == volume["name"]]
+                    read_only = all(m.get("readOnly") for m in mounts) or claim.get("readOnly")
+                    claims.append((path.name, claim["claimName"], bool(read_only)))
+    return claims
+
+
+def test_every_claim_an_example_mounts_is_in_storage_md_with_a_mode_that_fits() -> None:
+    """Workers on different nodes share each claim: read-only ones need ReadOnlyMany or
+    ReadWriteMany, written ones ReadWriteMany."""
+    objects = storage_objects()
+    for obj in objects.values():
+        validate_strict(obj)
+    for example, claim, read_only in example_claims():
+        assert claim in objects, f"{example} mounts {claim}, which docs/storage.md lacks"
+        modes = set(objects[claim]["spec"]["accessModes"])
+        fits = {"ReadOnlyMany", "ReadWriteMany"} if read_only else {"ReadWriteMany"}
+        assert modes & fits, f"{claim} ({example}) is {modes}"
+
+
+def test_the_loading_job_writes_cifar10_where_the_examples_read_it(tmp_path: Path) -> None:
+    """The Job's own code, its imports run as written and its download replaced by the layout
+    it writes; then each example that mounts the claim finds the batches at its dataDir."""
+    from ddp_trainer import datasets
+
+    (container,) = storage_objects()["load-cifar10"]["spec"]["template"]["spec"]["containers"]
+    (claim_mount,) = container["volumeMounts"]
+    code = container["command"][-1].replace(claim_mount["mountPath"], str(tmp_path))
+    imports = [line for line in code.splitlines() if line.startswith(("from ", "import "))]
+    names: dict[str, Any] = {}
+    exec("\n".join(imports), names)  # the names the Job uses exist in the trainer
+
+    def lay_out(options: Any) -> None:  # where download_dataset unpacks the batches
+        batches = Path(options.data_dir) / options.dataset / datasets.CIFAR_DIR
+        batches.mkdir(parents=True)
+        (batches / datasets.CIFAR_TEST_BATCH).write_bytes(b"")
+
+    calls = [line for line in code.splitlines() if line and line not in imports]
+    exec("\n".join(calls), {**names, "download_dataset": lay_out})
+    readers = {example for example, claim, _ in example_claims() if claim == "cifar10"}
+    assert readers, "no example mounts the cifar10 claim"
+    for path in EXAMPLES:
+        if path.name not in readers:
+            continue
+        spec = yaml.safe_load(path.read_text())["spec"]
+        (mount,) = [m for m in spec["template"]["volumeMounts"] if m["mountPath"] == "/data"]
+        data_dir = spec["trainer"]["dataDir"].replace(mount["mountPath"], str(tmp_path), 1)
+        assert datasets._find_cifar_dir(Path(data_dir)).is_dir(), path.name
