@@ -62,6 +62,7 @@ LAUNCHERS = Need(
         "slurmctld": "slurm-wlm",
         "slurmd": "slurm-wlm",
         "srun": "slurm-client",
+        "sbatch": "slurm-client",
         "sinfo": "slurm-client",
     },
 )

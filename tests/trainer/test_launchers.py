@@ -369,6 +369,33 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
                 daemon.wait(10)
 
 
+SBATCH_EXAMPLE = support.REPO / "manifests" / "examples" / "slurm" / "ddp.sbatch"
+
+
+def test_the_sbatch_example_trains_as_a_batch_job(slurm: dict[str, str], tmp_path: Path) -> None:
+    """manifests/examples/slurm/ddp.sbatch as shipped, submitted with `sbatch --wait` to the
+    Slurm started here: two tasks train, each with its rank from Slurm, the output where the
+    script says."""
+    summary = tmp_path / "summary.json"
+    env = support.clean_env(PATH=venv_first_path(), EPOCHS="3", **slurm)
+    done = subprocess.run(
+        ["sbatch", "--wait", "--parsable", str(SBATCH_EXAMPLE), f"--summary-file={summary}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=support.RUN_TIMEOUT_S,
+        check=False,
+    )
+    job_id = done.stdout.strip().split(";")[0]
+    output = tmp_path / f"ddp-trainer-{job_id}.out"
+    said = output.read_text() if output.exists() else ""
+    assert done.returncode == 0, done.stderr + said[-3000:]
+    assert support.summary(summary)["world_size"] == 2
+    assert "launcher=slurm" in said
+    assert list(tmp_path.glob(f"checkpoints-{job_id}/checkpoint-step-*.pt"))
+
+
 @pytest.mark.parametrize("mpi", [None, "pmi2"])
 def test_srun_tasks_per_node_train_to_the_target(
     slurm: dict[str, str], idx_data: Path, tmp_path: Path, mpi: str | None
