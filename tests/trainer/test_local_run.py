@@ -191,20 +191,47 @@ def test_a_hung_rank_is_named_by_its_pod_and_its_peer_ends_retryable(tmp_path: P
     assert "[worker-1] ddp_trainer[rank 1]: no step for" in done.stdout
 
 
-def test_the_demo_job_reaches_its_target(tmp_path: Path) -> None:
-    """`make demo`: the example file as it is, two workers to the target accuracy."""
+def test_the_demo_job_reaches_its_target_printing_the_readme_s_transcript() -> None:
+    """`make demo`: the example file as it is, two workers to the target accuracy, saying each
+    line of the README's transcript, numbers aside, in its order."""
     example = support.REPO / "manifests" / "examples" / "digits-cpu.yaml"
     done = subprocess.run(
         [KUBE_DDP, "run", "--local", str(example)],
         env=support.clean_env(),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # as a terminal shows them, interleaved
         text=True,
         timeout=support.RUN_TIMEOUT_S,
         check=False,
     )
-    assert done.returncode == 0, done.stderr
-    assert summary_value(done.stderr, "phase") == "Succeeded"
-    assert float(summary_value(done.stderr, "best val-acc")) >= 0.98
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert summary_value(done.stdout, "phase") == "Succeeded"
+    assert float(summary_value(done.stdout, "best val-acc")) >= 0.98
+    said = done.stdout.splitlines()
+    at = 0
+    for line in readme_transcript():
+        pattern = transcript_pattern(line)
+        found = next((i for i in range(at, len(said)) if pattern.fullmatch(said[i])), None)
+        assert found is not None, f"the README's line, not printed after line {at}:\n{line}"
+        at = found + 1
+
+
+def readme_transcript() -> list[str]:
+    readme = (support.REPO / "README.md").read_text()
+    block = readme.split("```console\n$ make demo\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line not in ("", "...")]
+
+
+def transcript_pattern(line: str) -> re.Pattern[str]:
+    """The line with any number standing for any other, and any run of spaces for another."""
+    number, spaces = r"\d+(?:\.\d+)?", r" +"
+    parts = re.split(f"({number}|{spaces})", line)
+    return re.compile(
+        "".join(
+            number if part[:1].isdigit() else spaces if part[:1] == " " else re.escape(part)
+            for part in parts
+        )
+    )
 
 
 def run_example(name: str, *flags: str) -> subprocess.CompletedProcess[str]:
