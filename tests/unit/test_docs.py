@@ -14,6 +14,7 @@ import yaml
 
 from kube_ddp.api import load_job
 from kube_ddp.builders import NCCL_WATCHDOG_ENV
+from kube_ddp.crd import PRINTER_COLUMNS
 from kube_ddp.reasons import PodReason, Reason
 from tests.kind.lines import as_run_here, build_arg, dockerfile, kind_lines
 from tests.unit.support import EXAMPLES, REPO, validate_strict
@@ -287,3 +288,12 @@ def test_the_loading_job_writes_cifar10_where_the_examples_read_it(tmp_path: Pat
         (mount,) = [m for m in spec["template"]["volumeMounts"] if m["mountPath"] == "/data"]
         data_dir = spec["trainer"]["dataDir"].replace(mount["mountPath"], str(tmp_path), 1)
         assert datasets._find_cifar_dir(Path(data_dir)).is_dir(), path.name
+
+
+def test_the_readme_s_kubectl_get_shows_the_crd_s_columns() -> None:
+    """The sample `kubectl get ddpjobs` has the columns kubectl prints by default (priority 0),
+    in their order."""
+    readme = (REPO / "README.md").read_text()
+    header = readme.split("$ kubectl get ddpjobs\n", 1)[1].splitlines()[0].split()
+    shown = [c["name"].upper() for c in PRINTER_COLUMNS if not c.get("priority")]
+    assert header == ["NAME", *shown]
