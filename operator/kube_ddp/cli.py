@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from kube_ddp import clusterview, podsecurity
+from kube_ddp import clusterview, kueue, podsecurity
 from kube_ddp.builders import (
     BuildSettings,
     build_children,
@@ -70,6 +70,15 @@ def cmd_render(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
         pods = podsecurity.rendered_pods(rendered[job.name])
+        if not job.metadata.uid and any(
+            kueue.WORKLOAD_ANNOTATION in (pod.metadata.get("annotations") or {}) for pod in pods
+        ):
+            print(
+                f"kube-ddp: {job.name}: the pods' {kueue.WORKLOAD_ANNOTATION} ends with a hash "
+                "of the job's uid, which the API server gives it: the name shown is not the one "
+                "the cluster's Workload will have",
+                file=sys.stderr,
+            )
         print(f"kube-ddp: {job.name}: {pod_security_summary(pods)}", file=sys.stderr)
         if args.pod_security is not None:
             for pod in pods:

@@ -68,7 +68,8 @@ def test_every_example_renders_valid_objects(
     code, objects, err = render(capsys, str(example))
     assert code == 0
     assert all(
-        " runs in " in line or " Pod Security Standard" in line for line in err.splitlines()
+        any(note in line for note in (" runs in ", " Pod Security Standard", " Workload "))
+        for line in err.splitlines()
     ), err
     for obj in objects:
         if obj["kind"] == "MPIJob":
@@ -211,3 +212,17 @@ def test_render_says_a_gaudi_job_needs_an_image_of_its_own(
     _, _, said = render(capsys, write_job(gaudi))
     assert "no release image carries the torch of gaudi: set spec.image" in said
     assert "no release image" not in render(capsys, write_job(BAR))[2]
+
+
+def test_render_says_a_topology_job_s_workload_name_is_not_the_cluster_s(
+    capsys: pytest.CaptureFixture[str], write_job
+) -> None:
+    """Kueue names the Workload by a hash of the job's uid, which a file has not."""
+    racked = (
+        BAR.replace("  name: bar\n", "  name: bar\n  labels: {kueue.x-k8s.io/queue-name: racked}\n")
+        + "  scheduling: {topology: {level: topology.kubeddp.io/rack}}\n"
+    )
+    code, _, said = render(capsys, write_job(racked))
+    assert code == 0
+    assert "kueue.x-k8s.io/workload ends with a hash of the job's uid" in said
+    assert "hash of the job's uid" not in render(capsys, write_job(BAR))[2]
