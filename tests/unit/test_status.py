@@ -120,7 +120,9 @@ def test_a_container_the_kubelet_cannot_start_is_said_once_and_cleared() -> None
         },
     }
     stuck = dataclasses.replace(PodView.from_pod(stuck_pod), index=1, attempt=0, owner_uid=UID)
-    assert stuck.cannot_start == f"container trainer: CreateContainerConfigError: {ROOT_IMAGE}"
+    said = f"container trainer: CreateContainerConfigError: {ROOT_IMAGE}: the image's user is root"
+    assert stuck.cannot_start.startswith(said)
+    assert "template.securityContext.runAsUser: 0" in stuck.cannot_start  # the field to set
     first = decide(job({"phase": "Pending"}), [pod(0), stuck], NOW)
     started = next(c for c in first.status.conditions if c.type == "ContainersStarted")
     assert (started.status, started.reason) == ("False", "ContainerCannotStart")

@@ -171,9 +171,17 @@ STUCK_WAITING_REASONS = frozenset(
 )
 
 
+# What to change, for a kubelet message that names the cause but not the job's field.
+CANNOT_START_FIXES = {
+    "image will run as root": "the image's user is root: give the job "
+    "template.securityContext.runAsUser: 0 (kube-ddp then leaves runAsNonRoot out; the pods "
+    "meet the baseline Pod Security Standard, not restricted), or an image with a non-root USER",
+}
+
+
 def _cannot_start(status: Mapping[str, Any]) -> str | None:
-    """`container <name>: <reason>: <message>` for the first container (init containers
-    first) the kubelet cannot start; None when none is stuck."""
+    """`container <name>: <reason>: <message>[: <fix>]` for the first container (init
+    containers first) the kubelet cannot start; None when none is stuck."""
     for container in (
         *status.get("initContainerStatuses", []),
         *status.get("containerStatuses", []),
@@ -181,5 +189,7 @@ def _cannot_start(status: Mapping[str, Any]) -> str | None:
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in STUCK_WAITING_REASONS:
             said = f"container {container.get('name')}: {waiting['reason']}"
-            return f"{said}: {waiting['message']}" if waiting.get("message") else said
+            message = waiting.get("message") or ""
+            fixes = [fix for cause, fix in CANNOT_START_FIXES.items() if cause in message]
+            return ": ".join([said, *([message] if message else []), *fixes])
     return None
