@@ -262,13 +262,13 @@ def test_extra_args_name_the_launcher_s_variables_and_mpi_root_is_the_prefix(
     """`$NAME` and `${NAME}` in extraArgs are the launcher's environment, expanded by its shell
     and nothing else (no command substitution, no splitting); MPI_ROOT (Gaudi's images set it)
     is the default --prefix, unless extraArgs give one."""
-    mpi = {"extraArgs": ["-x", "LIB=${MPI_ROOT}/lib", "-x", "ODD=$(id) $$HOME a b"]}
+    mpi = {"extraArgs": ["-x", "LIB=${MPI_ROOT}/lib", "-x", "ODD=$(true) $$HOME a b"]}
     out, err = launcher_in(
         tmp_path, "127.0.0.2 slots=1\n", unresolved_tries=0, mpi=mpi, MPI_ROOT="/opt/mpi x"
     ).communicate(timeout=60)
     assert "[mpirun][--prefix][/opt/mpi x][--allow-run-as-root]" not in out  # mpirun is $0
     assert out.splitlines()[1].startswith("[--prefix][/opt/mpi x][--allow-run-as-root]"), out
-    assert "[-x][LIB=/opt/mpi x/lib][-x][ODD=$(id) $HOME a b][python]" in out, err
+    assert "[-x][LIB=/opt/mpi x/lib][-x][ODD=$(true) $HOME a b][python]" in out, err
 
     given = {"extraArgs": ["--prefix", "/usr/local/openmpi"]}
     (tmp_path / "given").mkdir()
