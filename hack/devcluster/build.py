@@ -71,6 +71,15 @@ KIND_VERSION = "v0.33.0"
 KIND_MODULE = "sigs.k8s.io/kind"
 
 
+def cached(bin_dir: Path, recipe: str, files: list[str]) -> bool:
+    """Whether `bin_dir` was made by `recipe` and holds every one of `files`."""
+    try:
+        same_recipe = (bin_dir / "recipe.json").read_text() == recipe
+    except OSError:
+        return False
+    return same_recipe and all((bin_dir / name).is_file() for name in files)
+
+
 @dataclasses.dataclass(frozen=True)
 class GoBuild:
     """One wrapper module that builds some main packages of one upstream module version."""
@@ -104,11 +113,7 @@ class GoBuild:
 
     def is_built(self) -> bool:
         wanted = [*self.packages, *(Path(f).name for f in self.module_files)]
-        try:
-            same_recipe = (self.bin_dir / "recipe.json").read_text() == self.recipe
-        except OSError:
-            return False
-        return same_recipe and all((self.bin_dir / name).is_file() for name in wanted)
+        return cached(self.bin_dir, self.recipe, wanted)
 
 
 def _kubernetes_ldflags(version: str) -> tuple[str, ...]:
@@ -328,11 +333,7 @@ class DebianBinary:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
     def is_built(self) -> bool:
-        try:
-            same_recipe = (self.bin_dir / "recipe.json").read_text() == self.recipe
-        except OSError:
-            return False
-        return same_recipe and (self.bin_dir / self.name).is_file()
+        return cached(self.bin_dir, self.recipe, [self.name])
 
 
 FROM_DEBIAN = (
