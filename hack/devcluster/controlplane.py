@@ -47,11 +47,18 @@ LOWEST_PICKED_PORT = 20000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
+# Every port this process has handed out: a component binds its ports only once started, so
+# a port picked for one is still free when the next is picked (Kueue's health and metrics
+# servers were once given the same one: `bind: address already in use`).
+_handed: set[int] = set()
+
+
 def free_port() -> int:
-    """A port free on 127.0.0.1 now, for a component that binds it later. Below the kernel's
-    ephemeral range: a port the kernel picks (a bind to 0) is one that an outgoing connection
-    can take meanwhile (kwok, started last, once found its port held by one: `address already
-    in use`); ports below the range are only ever taken by a listener."""
+    """A port free on 127.0.0.1 now, for a component that binds it later, and never one this
+    process handed out before. Below the kernel's ephemeral range: a port the kernel picks (a
+    bind to 0) is one that an outgoing connection can take meanwhile (kwok, started last, once
+    found its port held by one: `address already in use`); ports below the range are only ever
+    taken by a listener."""
     try:
         ephemeral_low = int(EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -59,15 +66,26 @@ def free_port() -> int:
     tries = 100 if ephemeral_low - LOWEST_PICKED_PORT >= 1000 else 0
     for _ in range(tries):
         port = random.randrange(LOWEST_PICKED_PORT, ephemeral_low)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        if port not in _handed and _bindable(port):
+            _handed.add(port)
             return port
-    with socket.socket() as probe:  # no room below the range, or none free: the kernel picks
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    for _ in range(100):  # no room below the range, or none free: the kernel picks
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port not in _handed:
+            _handed.add(port)
+            return port
+    raise ClusterError("no free port on 127.0.0.1 that this process has not handed out")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 # Kubernetes' own gang scheduling (alpha in 1.36): the scheduling.k8s.io/v1alpha2 Workload and

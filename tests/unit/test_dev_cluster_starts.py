@@ -66,3 +66,18 @@ def test_another_death_or_too_many_lost_starts_is_the_error_it_was(tmp_path: Pat
     with pytest.raises(dev_cluster.ClusterError, match="exited with 2"):
         dev_cluster.processes.start_until_up("fake", start, up, RACE, 3, logs=tmp_path)
     assert count.read_text().strip() == "3"
+
+
+def test_no_port_is_handed_out_twice(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Ports picked for components that bind them later are all different: 600 picks from
+    1,000 ports, where independent picks would repeat one (Kueue's health and metrics servers
+    were once given the same port)."""
+    controlplane = dev_cluster.controlplane
+    low = controlplane.LOWEST_PICKED_PORT
+    ephemeral = tmp_path / "ip_local_port_range"
+    ephemeral.write_text(f"{low + 1000}\t60999\n")
+    monkeypatch.setattr(controlplane, "EPHEMERAL_RANGE", ephemeral)
+    monkeypatch.setattr(controlplane, "_handed", set())
+    ports = [controlplane.free_port() for _ in range(600)]
+    assert len(set(ports)) == 600
+    assert all(low <= port < low + 1000 for port in ports)
