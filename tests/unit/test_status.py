@@ -556,8 +556,9 @@ def on_lost_node(index: int, gone_by: str, attempt: int = 0, **fields: Any) -> P
 
 @dataclass(frozen=True)
 class NodeLossCase:
-    """Pods on a node that stopped reporting: the group restarts naming the node, and pods its
-    kubelet never confirms gone are force-deleted 30 s past their deadline."""
+    """Pods on a node that stopped reporting: the group restarts naming the node; pods the
+    taint manager evicted from it are force-deleted at once (no kubelet will confirm them
+    gone), others 30 s past their deadline."""
 
     id: str
     status: dict[str, Any]
@@ -573,12 +574,11 @@ LOST_MESSAGE = (
 )
 NODE_LOSSES = [
     NodeLossCase(
-        "evicted for the unreachable taint: a restart naming the node",
+        "evicted for the unreachable taint: a restart naming the node, the pod force-deleted",
         running(),
         (pod(0), on_lost_node(1, "2026-11-22T12:00:20Z", **TAINT_EVICTION)),
         "Restarting",
-        (delete(0),),
-        requeue_after=50,
+        (DeletePods(("bar-worker-1",), force=True), delete(0)),
         failure=("NodeLost", LOST_MESSAGE),
     ),
     NodeLossCase(
@@ -586,8 +586,7 @@ NODE_LOSSES = [
         running(),
         (on_lost_node(1, "2026-11-22T12:00:20Z", **TAINT_EVICTION),),
         "Restarting",
-        (),
-        requeue_after=50,
+        (DeletePods(("bar-worker-1",), force=True),),
         failure=("NodeLost", LOST_MESSAGE),
     ),
     NodeLossCase(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Final
 
@@ -41,6 +41,9 @@ LOST_REASONS: frozenset[str] = frozenset({*TakenAway, PodReason.DELETED, PodReas
 # The kubelet's reason for a container whose cgroup ran out of memory, whatever its exit code:
 # under torchrun the OOM killer takes a rank, and torchrun itself then exits 1.
 OOM_KILLED = "OOMKilled"
+# How long past a pod's deletion deadline its kubelet has to confirm the pod is gone; after that
+# its node is taken for lost and the pod is force-deleted.
+NODE_SILENCE_SECONDS = 30
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,6 +128,23 @@ def node_lost(pod: PodView) -> str | None:
     since = f" (not ready since {pod.unready_since})" if pod.unready_since else ""
     detail = f"; {pod.message}" if pod.message else ""
     return f"node {pod.node or '(unknown)'} stopped reporting{since}{detail}"
+
+
+def force_delete_overdue(draft: Draft, pods: Iterable[PodView]) -> None:
+    """Force-delete the pods being deleted that no kubelet will remove: at once where their
+    node stopped reporting (`node_lost`), else NODE_SILENCE_SECONDS past their deletion
+    deadline; requeue for the next one. The next attempt reuses their names."""
+    overdue = []
+    for pod in pods:
+        if pod.deletion_deadline is None:
+            continue
+        deadline = datetime.fromisoformat(pod.deletion_deadline)
+        left = (deadline + timedelta(seconds=NODE_SILENCE_SECONDS) - draft.now).total_seconds()
+        if left <= 0 or node_lost(pod) is not None:
+            overdue.append(pod)
+        else:
+            draft.requeue(left)
+    draft.force_delete(overdue)
 
 
 def pod_failure(pod: PodView) -> WorkerFailure | None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
@@ -14,9 +14,6 @@ from kube_ddp.status.draft import DeleteJob, Draft, Event, condition_status
 from kube_ddp.status.views import PodView
 
 FINISHED: tuple[Phase, ...] = ("Succeeded", "Failed")
-# How long past a pod's deletion deadline its kubelet has to confirm the pod is gone; after that
-# its node is taken for lost and the pod is force-deleted: the next attempt reuses its name.
-NODE_SILENCE_SECONDS = 30
 # Phases in which a group is under way: a suspend then is a preemption.
 UNDER_WAY: tuple[Phase | None, ...] = ("Pending", "Starting", "Running")
 # Phases in which the pods of the current attempt have not all been created yet.
@@ -221,22 +218,6 @@ def progress_stalled(
         f"rank 0 last reported progress at {last} ({where}), more than "
         f"progressDeadlineSeconds ({deadline}s) ago: a rank or a collective hung"
     )
-
-
-def force_delete_overdue(draft: Draft, pods: Iterable[PodView]) -> None:
-    """Force-delete the pods still there NODE_SILENCE_SECONDS after their deletion deadline
-    (their kubelet does not answer: the node stopped reporting); requeue for the next one."""
-    overdue = []
-    for pod in pods:
-        if pod.deletion_deadline is None:
-            continue
-        deadline = datetime.fromisoformat(pod.deletion_deadline)
-        left = (deadline + timedelta(seconds=NODE_SILENCE_SECONDS) - draft.now).total_seconds()
-        if left <= 0:
-            overdue.append(pod)
-        else:
-            draft.requeue(left)
-    draft.force_delete(overdue)
 
 
 def finish(

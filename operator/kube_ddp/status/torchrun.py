@@ -15,6 +15,7 @@ from kube_ddp.status.failures import (
     awaiting_the_cause,
     cause_first,
     fail_or_restart,
+    force_delete_overdue,
     pod_failure,
 )
 from kube_ddp.status.inplace import (
@@ -31,7 +32,6 @@ from kube_ddp.status.lifecycle import (
     count_workers,
     deadline_exceeded,
     finish,
-    force_delete_overdue,
     not_created,
     preempting,
     progress,
