@@ -284,6 +284,15 @@ class RunPolicy(Model):
         f"report. At least {names.MIN_PROGRESS_DEADLINE_SECONDS} (twice the trainer's "
         "heartbeat).",
     )
+    unreachable_toleration_seconds: int = Field(
+        names.DEFAULT_UNREACHABLE_TOLERATION_SECONDS,
+        ge=0,
+        description="How long a worker stays on a node that stopped reporting (tainted "
+        "node.kubernetes.io/unreachable or not-ready) before it is evicted and the group "
+        "restarts elsewhere: the tolerationSeconds of the NoExecute tolerations kube-ddp adds "
+        "for both taints (Kubernetes' --default-unreachable-toleration-seconds, 300, for this "
+        "job). A toleration of the template for either taint is kept instead.",
+    )
     ttl_seconds_after_finished: int | None = Field(
         None, ge=0, description="Delete the job this long after it Succeeded or Failed."
     )

@@ -471,6 +471,26 @@ def termination_grace_seconds(job: DDPTrainingJob) -> int | None:
     return max(DEFAULT_GRACE_SECONDS if own is None else own, fits)
 
 
+def node_lost_tolerations(job: DDPTrainingJob) -> list[Obj]:
+    """NoExecute tolerations of a node that stopped reporting, for
+    `runPolicy.unreachableTolerationSeconds`: without them a pod gets the API server's default
+    (300 s), minutes of a group idle. A taint the template tolerates already is left to it."""
+    seconds = job.spec.run_policy.unreachable_toleration_seconds
+    return [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+        for key in names.NODE_LOST_TAINTS
+        if not any(_tolerates(own, key) for own in job.spec.template.tolerations)
+    ]
+
+
+def _tolerates(toleration: Obj, key: str) -> bool:
+    """`toleration` covers the NoExecute taint `key` (an empty key with Exists covers all)."""
+    if toleration.get("effect") not in (None, "", "NoExecute"):
+        return False
+    own = toleration.get("key")
+    return own == key or (not own and toleration.get("operator") == "Exists")
+
+
 def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
     """Pod-level settings shared by torchrun workers and MPI workers, template merged in."""
     spec = job.spec
@@ -619,6 +639,7 @@ def build_worker_pod(
         attempt=attempt,
     )
     pod_spec = _pod_spec(job, [container])
+    pod_spec["tolerations"] = [*pod_spec.get("tolerations", []), *node_lost_tolerations(job)]
     pod_spec["hostname"] = names.worker_name(job.name, index)
     pod_spec["subdomain"] = job.name
     name = name or names.worker_name(job.name, index)

@@ -67,6 +67,12 @@ RESERVED_ENV: Final = contract.RESERVED_ENV
 # Silent failures: the trainer's heartbeat and the shortest progress deadline.
 HEARTBEAT_SECONDS: Final = contract.HEARTBEAT_SECONDS
 MIN_PROGRESS_DEADLINE_SECONDS: Final = contract.MIN_PROGRESS_DEADLINE_SECONDS
+# The taints the node controller puts on a node that stopped reporting (unreachable) or says
+# it is not ready; the taint manager evicts pods that do not tolerate them.
+NODE_LOST_TAINTS: Final = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+# Seconds a worker tolerates them by default: with the node controller's grace period (50 s),
+# a group is restarted about a minute after its node's last report.
+DEFAULT_UNREACHABLE_TOLERATION_SECONDS: Final = 10
 
 
 def worker_name(job: str, index: int) -> str:

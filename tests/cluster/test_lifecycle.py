@@ -277,25 +277,15 @@ def test_a_node_that_stops_reporting_restarts_its_jobs_elsewhere(
     that another holds), and kwok leaves its pods alone (`KUBELET_STOPPED`: it would delete
     them once evicted, by name, and could reach the next attempt's pods of the same names). The
     node controller marks its pods not ready and taints it unreachable, the taint manager evicts
-    them (5 s toleration), and they stay Terminating, as on a real node, until the operator
-    force-deletes them, 30 s past their grace period: every job restarts with NodeLost naming
-    the node, and the next attempt runs on the node left."""
+    them (the job's default toleration, runPolicy.unreachableTolerationSeconds), and they
+    would stay Terminating, as on a real node: the operator force-deletes them at once, every
+    job restarts with NodeLost naming the node, and the next attempt runs on the node left."""
     suffix = jobs.namespace[-6:]
     label = {"kubeddp.io/test-node": suffix}
     silent, spare = f"silent-{suffix}", f"spare-{suffix}"
     cluster.core.create_node(fake_node(silent, label))
     cluster.core.create_node(fake_node(spare, {}))
-    unreachable = {
-        "key": "node.kubernetes.io/unreachable",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 5,
-    }
-    template = {
-        "nodeSelector": label,
-        "tolerations": [unreachable],
-        "terminationGracePeriodSeconds": 1,
-    }
+    template = {"nodeSelector": label}  # tolerations and grace period: the defaults
     job_names = [f"silent-{i}" for i in range(SILENT_JOBS)]
     try:
         for name in job_names:

@@ -251,19 +251,13 @@ def node_stopped(platform: Platform, pods: list[Any]) -> Iterator[None]:
 
 
 def test_a_dead_node_restarts_the_group_instead_of_freezing(platform: Platform, jobs: Jobs) -> None:
-    """Issue 25: the node's kubelet and trainers stop (the pods tolerate `unreachable` for
-    5 s). The node controller evicts the pods, which stay Terminating (no kubelet confirms):
-    the job restarts with NodeLost naming the node, the old pods are force-deleted, and the
+    """The node's kubelet and trainers stop; the job sets nothing about tolerations. The node
+    controller evicts the pods after the job's default toleration; no kubelet confirms it: the
+    job restarts with NodeLost naming the node, the old pods are force-deleted at once, and the
     next attempt's pods are created, Pending, saying why (the only node that fits is down)."""
     trainer = {**DIGITS, "model": "mlp", "epochs": 400}
-    unreachable = {
-        "key": "node.kubernetes.io/unreachable",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 5,
-    }
     # Recreate: the whole group on the lost node goes (in place, worker 0 lost does the same)
-    spec = {"trainer": trainer, "template": {"tolerations": [unreachable]}, "runPolicy": RECREATE}
+    spec = {"trainer": trainer, "runPolicy": RECREATE}
     jobs.create(cpu_job(platform, "orphan", **spec))
     old = jobs.wait_pods("orphan", 2, timeout=TRAINING_TIMEOUT)
     with node_stopped(platform, old):

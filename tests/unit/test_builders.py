@@ -21,6 +21,7 @@ from kube_ddp.builders import (
     build_mpijob,
     build_worker_pod,
     mpi_admission_probes,
+    node_lost_tolerations,
     trainer_image,
 )
 from tests.unit.support import make_job, validate_strict
@@ -386,11 +387,52 @@ def test_gaudi_user_resources_win_over_defaults() -> None:
     }
 
 
-def test_cpu_job_has_no_devices_and_no_tolerations() -> None:
+def test_cpu_job_has_no_devices_and_only_the_lost_node_tolerations() -> None:
     pod = worker({"nodes": 1})
     assert container_of(pod)["resources"] == {}
-    assert "tolerations" not in pod["spec"]
+    assert pod["spec"]["tolerations"] == node_lost_tolerations(make_job(nodes=1))
     assert "hostIPC" not in pod["spec"]
+
+
+def unreachable(key: str = "node.kubernetes.io/unreachable", **fields: Any) -> dict[str, Any]:
+    return {"key": key, "operator": "Exists", "effect": "NoExecute", **fields}
+
+
+def test_a_worker_leaves_a_node_that_stopped_reporting_after_10_s_by_default() -> None:
+    """Without them the API server gives every pod 300 s on such a node."""
+    tolerations = worker({"nodes": 1})["spec"]["tolerations"]
+    assert tolerations == [
+        unreachable(tolerationSeconds=10),
+        unreachable("node.kubernetes.io/not-ready", tolerationSeconds=10),
+    ]
+    policy = {"runPolicy": {"unreachableTolerationSeconds": 0}}
+    tolerations = worker({"nodes": 1, **policy})["spec"]["tolerations"]
+    assert [t["tolerationSeconds"] for t in tolerations] == [0, 0]
+
+
+@pytest.mark.parametrize(
+    ("own", "added"),
+    [
+        (unreachable(tolerationSeconds=600), ["node.kubernetes.io/not-ready"]),
+        (unreachable(), ["node.kubernetes.io/not-ready"]),  # for ever: the user's choice
+        ({"operator": "Exists"}, []),  # every taint
+        (
+            {"operator": "Exists", "effect": "NoSchedule"},
+            ["node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"],
+        ),
+        (
+            {"key": "dedicated", "operator": "Exists"},
+            ["node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"],
+        ),
+    ],
+    ids=["unreachable 600 s", "unreachable for ever", "all taints", "NoSchedule", "another key"],
+)
+def test_a_template_toleration_of_a_lost_node_taint_is_kept_instead(
+    own: dict[str, Any], added: list[str]
+) -> None:
+    tolerations = worker({"nodes": 1, "template": {"tolerations": [own]}})["spec"]["tolerations"]
+    assert tolerations[0] == own
+    assert [t["key"] for t in tolerations[1:]] == added
 
 
 def test_template_is_merged_and_operator_fields_are_kept() -> None:
