@@ -79,3 +79,57 @@ def test_stopping_the_ledger_waits_for_its_write_in_flight() -> None:
     ledger.stop()
     assert not [t for t in threading.enumerate() if t.name == "kubeddp-ledger"]
     assert store.writes == 2
+
+
+class DictStore:
+    """The store calls the ledger makes, on a dict (the real store is in the Gaudi-path and
+    launcher tests)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.data[key] = value
+
+    def get(self, key: str) -> bytes:
+        return self.data[key].encode()
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
+
+
+def test_rank_0_tells_which_rank_the_group_waits_on_once_per_stall() -> None:
+    """Rank 0's ledger thread, not blocked where the main thread is: no step for an interval,
+    so it reads every entry and tells whom the group waits on, or that all are even; nothing
+    while steps are made, once per finding, and again in the next stall."""
+    store, clock, told = DictStore(), [NOW], []
+    ledger = Ledger(store, lambda: 120, 0, 5, "job-worker-0", "node-0", clock=lambda: clock[0])
+    ledger.watch(3, told.append)
+    store.set("kubeddp/progress/1", entry(1, 120, 0).encode())
+    store.set("kubeddp/progress/2", entry(2, 120, 0).encode())
+    ledger.write()
+    assert ledger.check_group() is None and told == []  # it just stepped
+    clock[0] += 6
+    ledger.check_group()
+    assert told == [
+        {
+            "rank": None,
+            "pod": None,
+            "node": None,
+            "step": None,
+            "message": "no rank fell behind: all 3 were at 120 collective(s) and were heard "
+            "from within 10 s (the network, not a rank?)",
+        }
+    ]  # even: a long validation, say
+    store.set("kubeddp/progress/2", entry(2, 118, -6).encode())
+    ledger.check_group()
+    ledger.check_group()
+    assert len(told) == 2
+    assert (told[1]["rank"], told[1]["pod"], told[1]["node"]) == (2, "job-worker-2", "node-2")
+    assert told[1]["message"].startswith("rank 2 (pod job-worker-2, node node-2) stopped first")
+    ledger.step += 1  # the group moves on: no stall, nothing read
+    clock[0] += 6
+    assert ledger.check_group() is None
+    ledger.check_stall()  # the thread notes the step, as each interval
+    clock[0] += 6
+    assert ledger.check_group() is not None and len(told) == 3

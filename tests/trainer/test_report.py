@@ -219,12 +219,35 @@ def test_an_epochs_report_puts_off_the_next_heartbeat(
     heartbeat = Heartbeat(reporter, epochs=2, steps_per_epoch=10, every=30, clock=clock)
     assert heartbeat.beat(0, 1)
     clock.now += 29
-    heartbeat.reported()
+    heartbeat.epoch_report(1)
     clock.now += 29
     assert not heartbeat.beat(1, 1)
     clock.now += 1
     assert heartbeat.beat(1, 2)
     assert heartbeat.position(2, 0)["progressPercentage"] == 100
+
+
+def test_the_longest_gap_between_reports_is_said_once_an_epoch_ended(
+    api_server: FakeApiServer, token_file: Path
+) -> None:
+    """What the operator learns its progress deadline from: every gap between two reports of
+    this process, the end of an epoch (its validation and checkpoint) included; said only once
+    an epoch has ended, before which the longest gap is not known."""
+    clock = Clock()
+    reporter = StatusReporter(status_url(api_server.url, "team-a", "mnist"), token_file)
+    heartbeat = Heartbeat(reporter, epochs=3, steps_per_epoch=100, every=30, clock=clock)
+    for step in range(1, 101):
+        clock.now += 1
+        heartbeat.beat(0, step)
+    assert all(
+        "longestReportGapSeconds" not in r["body"]["status"]["training"]
+        for r in api_server.requests
+    )
+    clock.now += 47  # validation and a checkpoint
+    assert heartbeat.epoch_report(1)["longestReportGapSeconds"] == 56.0  # since step 91
+    clock.now += 30
+    assert heartbeat.beat(1, 1)
+    assert api_server.requests[-1]["body"]["status"]["training"]["longestReportGapSeconds"] == 56
 
 
 def test_a_plain_pytorch_script_reports_with_the_helper_from_rank_0_only(

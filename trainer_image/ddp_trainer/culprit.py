@@ -91,19 +91,33 @@ def behind_first(entries: Sequence[Entry]) -> Entry:
     return min(entries, key=lambda e: (_progress(e, by_collectives), e.at, e.rank))
 
 
-def describe(entries: Sequence[Entry], world_size: int, now: float, interval: float) -> str:
-    """One line naming the rank that stopped first, and how it is known."""
+@dataclass(frozen=True)
+class Suspect:
+    """The rank that stopped first, and how it is known."""
+
+    entry: Entry
+    facts: str  # "1 collective(s) behind the others; silent for 75 s (...)"
+
+    def line(self) -> str:
+        first = self.entry
+        where = f"rank {first.rank} (pod {first.pod}, node {first.node})"
+        return f"{where} stopped first, at step {first.step}: {self.facts}"
+
+
+def suspect(
+    entries: Sequence[Entry], world_size: int, now: float, interval: float
+) -> Suspect | None:
+    """The rank that fell behind or went silent first; None when every rank was heard from
+    lately at the same progress (or none could be read)."""
+    if not entries:
+        return None
     heard = {entry.rank for entry in entries}
     silent = [rank for rank in range(world_size) if rank not in heard]
-    if not entries:
-        return "no rank's progress could be read from the group's store"
     first = behind_first(entries)
     by_collectives = _counts_collectives(entries)
     unit = "collective(s)" if by_collectives else "step(s)"
-    ahead = max(_progress(entry, by_collectives) for entry in entries)
-    behind = ahead - _progress(first, by_collectives)
+    behind = max(_progress(e, by_collectives) for e in entries) - _progress(first, by_collectives)
     age = now - first.at
-    where = f"rank {first.rank} (pod {first.pod}, node {first.node})"
     facts = []
     if behind:
         facts.append(f"{behind} {unit} behind the others")
@@ -111,12 +125,40 @@ def describe(entries: Sequence[Entry], world_size: int, now: float, interval: fl
         facts.append(f"silent for {age:.0f} s (its process stopped or its node is gone)")
     if silent:
         facts.append(f"rank(s) {', '.join(map(str, silent[:8]))} left no entry at all")
-    if not facts:
-        return (
-            f"no rank fell behind: all {len(entries)} were at {ahead} {unit} and were "
-            f"heard from within {2 * interval:.0f} s (the network, not a rank?)"
-        )
-    return f"{where} stopped first, at step {first.step}: " + "; ".join(facts)
+    return Suspect(first, "; ".join(facts)) if facts else None
+
+
+def describe(entries: Sequence[Entry], world_size: int, now: float, interval: float) -> str:
+    """One line naming the rank that stopped first, and how it is known."""
+    if not entries:
+        return "no rank's progress could be read from the group's store"
+    found = suspect(entries, world_size, now, interval)
+    if found is not None:
+        return found.line()
+    by_collectives = _counts_collectives(entries)
+    unit = "collective(s)" if by_collectives else "step(s)"
+    ahead = max(_progress(entry, by_collectives) for entry in entries)
+    return (
+        f"no rank fell behind: all {len(entries)} were at {ahead} {unit} and were "
+        f"heard from within {2 * interval:.0f} s (the network, not a rank?)"
+    )
+
+
+# Called with what rank 0 found in a stall (`stall_fields`).
+OnStall = Callable[[dict[str, Any]], object]
+
+
+def stall_fields(found: Suspect | None, line: str) -> dict[str, Any]:
+    """status.training.stall: the suspect's rank, pod, node and step (all null: every rank
+    was even and heard from) and the line that says so."""
+    entry = None if found is None else found.entry
+    return {
+        "rank": None if entry is None else entry.rank,
+        "pod": None if entry is None else entry.pod,
+        "node": None if entry is None else entry.node,
+        "step": None if entry is None else entry.step,
+        "message": line,
+    }
 
 
 class Ledger:
@@ -145,6 +187,8 @@ class Ledger:
         self.stall_after = stall_after
         self._seen = (self.step, clock())  # the last step seen by the thread, and when
         self._dumped = False
+        self._watch: tuple[int, OnStall] | None = None  # rank 0's: world size, whom to tell
+        self._told: str | None = None  # what was last told, in this stall
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kubeddp-ledger", daemon=True)
 
@@ -174,14 +218,51 @@ class Ledger:
         if self._thread.is_alive():
             self._thread.join(READ_TIMEOUT_S)
 
+    def watch(self, world_size: int, on_stall: OnStall) -> None:
+        """Rank 0's: when no step was made for an interval, read every rank's entry and tell
+        `on_stall` which rank the group waits on, or that every rank is even and alive (a long
+        validation, or a collective all of them wait in); again when that changes. What it
+        costs a healthy group: nothing while it steps; in a pause longer than an interval, a
+        read of each rank's entry an interval and one report (at most one an interval)."""
+        self._watch = (world_size, on_stall)
+
+    @property
+    def watching(self) -> bool:
+        return self._watch is not None
+
+    def _period(self) -> float:
+        """Rank 0 watching wakes twice an interval: it finds the rank a stall waits on within
+        one and a half intervals of the stall, before the operator's wait for it ends."""
+        period = self.interval / 2 if self.watching else self.interval
+        return min(period, self.stall_after or period)
+
     def _run(self) -> None:
-        while not self._stopped.wait(min(self.interval, self.stall_after or self.interval)):
+        while not self._stopped.wait(self._period()):
             self.check_stall()
             try:
                 self.write()
+                self.check_group()
             except Exception as exc:  # the store's host is gone: the group is ending anyway
                 log.debug("progress ledger: %s", exc)
                 return
+
+    def check_group(self) -> str | None:
+        """What rank 0 finds when no step was made for an interval (the line it told)."""
+        step, since = self._seen
+        now = self.clock()
+        if self._watch is None or self.step != step or now - since < self.interval:
+            self._told = None  # no stall, or a new one
+            return None
+        world_size, on_stall = self._watch
+        entries = peek_entries(self.store, world_size)
+        if not entries:
+            return None
+        found = suspect(entries, world_size, now, self.interval)
+        line = describe(entries, world_size, now, self.interval)
+        if line != self._told:
+            self._told = line
+            on_stall(stall_fields(found, line))
+        return line
 
     def check_stall(self) -> bool:
         """Log every thread's Python stack once when no step was made for `stall_after`."""
@@ -215,6 +296,13 @@ def read_entries(store: Any, world_size: int) -> list[Entry]:
             log.warning("progress ledger: the store did not answer for rank %d: %s", rank, exc)
             break
     return entries
+
+
+def peek_entries(store: Any, world_size: int) -> list[Entry]:
+    """Every rank's entry the store holds now, without waiting for one that is missing and
+    without changing the store's timeout, which the process group shares."""
+    names = [key(rank) for rank in range(world_size)]
+    return [Entry.decode(store.get(name)) for name in names if store.check([name])]
 
 
 def identity(env: Mapping[str, str]) -> tuple[str, str]:

@@ -123,6 +123,8 @@ def report(
     heartbeat = _heartbeat(epochs, steps_per_epoch)
     if heartbeat is None:
         return False
+    if ledger is not None and not ledger.watching:
+        ledger.watch(heartbeat.world_size, heartbeat.report_stall)
     if step < steps_per_epoch:
         return heartbeat.beat(epoch, step, loss)
     # The epoch's end: reported whenever it comes, as the trainer reports its epochs.

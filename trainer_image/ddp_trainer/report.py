@@ -128,6 +128,11 @@ class Heartbeat:
         self.started = clock()
         self.last = -math.inf  # the first step reports: the deadline counts from there
         self.first_step: int | None = None  # the global step this process started at
+        # The longest time between two reports of this process, and the epochs it reported:
+        # the operator's progress deadline is learned from it once an epoch (its validation
+        # and checkpoint included) has ended.
+        self.longest_gap = 0.0
+        self.epoch_ends = 0
 
     @classmethod
     def every_from_env(cls, env: Mapping[str, str]) -> float:
@@ -148,7 +153,10 @@ class Heartbeat:
             steps_per_epoch=self.steps_per_epoch,
             remaining_seconds=remaining,
         )
-        return {**fields, "worldSize": self.world_size}
+        fields["worldSize"] = self.world_size
+        if self.epoch_ends:
+            fields["longestReportGapSeconds"] = round(self.longest_gap, 1)
+        return fields
 
     def beat(self, epoch: int, step: int, loss: SupportsFloat | None = None) -> bool:
         """Report `step` steps into the epoch after `epoch` if a heartbeat is due. `loss` is
@@ -162,17 +170,32 @@ class Heartbeat:
     def send(
         self, epoch: int, step: int, loss: SupportsFloat | None = None, final: bool = False
     ) -> bool:
-        """Report `step` steps into the epoch after `epoch` now; the next heartbeat is due an
-        interval later."""
-        self.last = self.clock()
+        """Report `step` steps into the epoch after `epoch` now (step 0: the epoch's end); the
+        next heartbeat is due an interval later."""
+        self._mark(epoch_end=step == 0)
         training = {**self.position(epoch, step), "updatedAt": stamp(now_utc())}
         if loss is not None:
             training["loss"] = finite(float(loss), 6)
         return self.reporter.report({"status": {"training": training}}, final=final)
 
-    def reported(self) -> None:
-        """An epoch's report went out: the next heartbeat is due an interval later."""
-        self.last = self.clock()
+    def epoch_report(self, epoch: int) -> dict[str, Any]:
+        """The progress fields of the report of epoch `epoch`'s end, about to go out: the next
+        heartbeat is due an interval later."""
+        self._mark(epoch_end=True)
+        return self.position(epoch, 0)
+
+    def report_stall(self, fields: Mapping[str, Any]) -> bool:
+        """Say what rank 0 found when the group stalled (`culprit.Ledger.watch`). Sent from
+        the ledger's thread: the main thread may be blocked in a collective."""
+        stall = {**fields, "checkedAt": stamp(now_utc())}
+        return self.reporter.report({"status": {"training": {"stall": stall}}})
+
+    def _mark(self, epoch_end: bool) -> None:
+        now = self.clock()
+        if self.last > -math.inf:
+            self.longest_gap = max(self.longest_gap, now - self.last)
+        self.last = now
+        self.epoch_ends += epoch_end
 
 
 def stamp(moment: datetime) -> str:

@@ -262,6 +262,8 @@ class Recipe:
                 world_size=self.world.world_size,
                 every=Heartbeat.every_from_env(os.environ),
             )
+            if self.ledger is not None:
+                self.ledger.watch(self.world.world_size, self.heartbeat.report_stall)
         self.bar = ProgressBar(enabled=self.world.is_main)
 
     def _setup_data(self) -> Splits:
@@ -681,8 +683,7 @@ class Recipe:
             now=now_utc(),
         )
         if self.heartbeat is not None:
-            patch["status"]["training"].update(self.heartbeat.position(metrics.epoch, 0))
-            self.heartbeat.reported()
+            patch["status"]["training"].update(self.heartbeat.epoch_report(metrics.epoch))
         self.reporter.report(patch, final=self.finished())
 
     def finish(self) -> Summary:
