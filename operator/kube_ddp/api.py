@@ -282,7 +282,10 @@ class RunPolicy(Model):
         description="Restart the group (ProgressDeadlineExceeded) when rank 0 has not reported "
         "progress for this long while every worker runs; never before the attempt's first "
         f"report. At least {names.MIN_PROGRESS_DEADLINE_SECONDS} (twice the trainer's "
-        "heartbeat).",
+        "heartbeat). Unset: learned once an epoch ended, "
+        f"{names.LEARNED_DEADLINE_FACTOR} times the longest time between two of rank 0's "
+        "reports (status.training.longestReportGapSeconds), at least "
+        f"{names.MIN_LEARNED_DEADLINE_SECONDS}.",
     )
     unreachable_toleration_seconds: int = Field(
         names.DEFAULT_UNREACHABLE_TOLERATION_SECONDS,
@@ -1046,6 +1049,10 @@ class Failure(StatusModel):
     """The first failure of the last attempt."""
 
     pod: str | None = Field(None, description="The failed worker pod.")
+    node: str | None = Field(None, description="The node it ran on, where known.")
+    rank: int | None = Field(
+        None, description="The global rank that stopped first (a hang the trainer traced)."
+    )
     exit_code: int | None = Field(None, description="Its exit code, if it ran.")
     reason: str | None = Field(None, description="Why it failed (Error, OOMKilled, Evicted...).")
     message: str | None = Field(None, description="Details.")
@@ -1061,6 +1068,19 @@ class CheckpointProgress(StatusModel):
         None,
         description="How long the save took: the operator fits the workers' grace period to it.",
     )
+
+
+class StallCheck(StatusModel):
+    """What rank 0 of the trainer found in the group's store when the group made no step for a
+    heartbeat's interval: the rank the others wait on, or none (every rank even and heard
+    from: a long validation, or a collective all of them wait in)."""
+
+    rank: int | None = Field(None, description="The suspect's global rank.")
+    pod: str | None = Field(None, description="Its pod.")
+    node: str | None = Field(None, description="Its node.")
+    step: int | None = Field(None, description="The last training step it made.")
+    message: str | None = Field(None, description="What was found, and how it is known.")
+    checked_at: datetime | None = Field(None, description="When rank 0 found it.")
 
 
 class TrainingProgress(StatusModel):
@@ -1088,6 +1108,14 @@ class TrainingProgress(StatusModel):
     checkpoint: CheckpointProgress | None = Field(None, description="The newest checkpoint.")
     resumed_from_step: int | None = Field(
         None, description="The step this attempt resumed from (its checkpoint's)."
+    )
+    longest_report_gap_seconds: float | None = Field(
+        None,
+        description="The longest time between two of rank 0's reports, once an epoch ended: "
+        "the default progress deadline is learned from it.",
+    )
+    stall: StallCheck | None = Field(
+        None, description="What rank 0 found when the group last stalled."
     )
 
 

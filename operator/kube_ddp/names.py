@@ -67,6 +67,11 @@ RESERVED_ENV: Final = contract.RESERVED_ENV
 # Silent failures: the trainer's heartbeat and the shortest progress deadline.
 HEARTBEAT_SECONDS: Final = contract.HEARTBEAT_SECONDS
 MIN_PROGRESS_DEADLINE_SECONDS: Final = contract.MIN_PROGRESS_DEADLINE_SECONDS
+# A job without progressDeadlineSeconds gets this many times the longest gap between rank 0's
+# reports: a healthy group's gaps vary little once an epoch (validation, a checkpoint) is seen;
+# and never less than the minimum, which leaves an elastic group's new rendezvous its time.
+LEARNED_DEADLINE_FACTOR: Final = 5
+MIN_LEARNED_DEADLINE_SECONDS: Final = 2 * MIN_PROGRESS_DEADLINE_SECONDS
 # The taints the node controller puts on a node that stopped reporting (unreachable) or says
 # it is not ready; the taint manager evicts pods that do not tolerate them.
 NODE_LOST_TAINTS: Final = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")

@@ -197,11 +197,11 @@ def wait_restarted(jobs: Jobs, name: str, since: float, timeout: float) -> float
 def test_a_hung_rank_restarts_the_group_at_the_progress_deadline(
     platform: Platform, jobs: Jobs
 ) -> None:
-    """Issue 25: worker-1's trainer stops (SIGSTOP from the node: a hang, as a deadlock or a
-    stuck collective is), so rank 0 blocks in its next collective and reports no progress;
-    at progressDeadlineSeconds the group restarts (ProgressDeadlineExceeded, not the user's
-    bug), resumes from the checkpoint and succeeds. The collective's own timeout (600 s) is
-    far beyond the deadline: the deadline is what ends the hang."""
+    """Worker-1's trainer stops (SIGSTOP from the node: a hang, as a deadlock or a stuck
+    collective is), so rank 0 blocks in its next collective and reports no progress; at
+    progressDeadlineSeconds the group restarts (ProgressDeadlineExceeded, not the user's bug),
+    naming worker 1, its node and rank, resumes from the checkpoint and succeeds. The
+    collective's own timeout (600 s) is far beyond the deadline: the deadline ends the hang."""
     spec = checkpointed(platform, jobs, timeoutSeconds=600)
     # Recreate: the stopped process is the pod's own (no agent in front of the trainer)
     spec["runPolicy"] = {"progressDeadlineSeconds": PROGRESS_DEADLINE, **RECREATE}
@@ -215,10 +215,16 @@ def test_a_hung_rank_restarts_the_group_at_the_progress_deadline(
     status = jobs.wait_phase("hang", "Succeeded", timeout=TRAINING_TIMEOUT + 60)
     assert status["restarts"] == 1, status.get("failure")
     failure = status["failure"]
-    assert (failure["pod"], failure["reason"]) == ("hang-worker-0", "ProgressDeadlineExceeded")
-    assert failure["message"].startswith("rank 0 last reported progress at "), failure
+    # The rank that hung, found by rank 0's ledger thread while rank 0 waited on it.
+    node = victim.spec.node_name
+    assert (failure["pod"], failure["node"], failure["rank"]) == ("hang-worker-1", node, 1)
+    assert failure["reason"] == "ProgressDeadlineExceeded", failure
+    assert failure["message"].startswith(
+        f"rank 1 (pod hang-worker-1, node {node}) stopped first, at step "
+    ), failure
+    assert "behind the others" in failure["message"] or "silent for" in failure["message"]
     assert failure["message"].endswith(
-        f"more than progressDeadlineSeconds ({PROGRESS_DEADLINE}s) ago: a rank or a collective hung"
+        f"more than progressDeadlineSeconds ({PROGRESS_DEADLINE}s) ago"
     ), failure
     assert Reason.PROGRESS_DEADLINE_EXCEEDED in jobs.events("hang")
     assert "resuming at step" in logs(jobs, "hang-worker-0")
@@ -477,7 +483,8 @@ def test_a_hung_rank_of_the_users_own_script_restarts_at_the_deadline(
     progress deadline as the trainer does. One process a pod (so the script is the container's
     own process, not under torchrun) and many epochs; once rank 0 has reported, rank 1 stops
     (SIGSTOP): rank 0 blocks in its all-reduce, its reports stop, and the group restarts with
-    ProgressDeadlineExceeded long before torch's own 30 min gloo timeout would end it."""
+    ProgressDeadlineExceeded naming rank 1, long before torch's own 30 min gloo timeout would
+    end it."""
     document = own_script_example(jobs)
     spec = {
         **document["spec"],
@@ -500,8 +507,8 @@ def test_a_hung_rank_of_the_users_own_script_restarts_at_the_deadline(
     print(f"own script: hang -> group restart: {took:.1f} s")
     failure = jobs.status("own-script")["failure"]
     assert failure["reason"] == "ProgressDeadlineExceeded", failure
-    assert failure["pod"] == "own-script-worker-0", failure
-    assert "a rank or a collective hung" in failure["message"], failure
+    assert (failure["pod"], failure["rank"]) == ("own-script-worker-1", 1), failure
+    assert failure["message"].startswith("rank 1 (pod own-script-worker-1, node "), failure
     assert Reason.PROGRESS_DEADLINE_EXCEEDED in jobs.events("own-script")
     assert took <= PROGRESS_DEADLINE + 30 + 10  # the last report is at most a heartbeat old
 

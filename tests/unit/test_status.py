@@ -469,8 +469,15 @@ STALLS = [
     StallCase("no report yet: startup takes what it takes", None, "Running"),
     StallCase("a fresh report: checked again at the deadline", report(20), "Running", None, 40),
     StallCase(
-        "no progress past the deadline",
+        "past the deadline, no word from rank 0 on the stall: a heartbeat more for it",
         report(61),
+        "Running",
+        None,
+        29,
+    ),
+    StallCase(
+        "no progress past the deadline and a heartbeat",
+        report(91),
         "Restarting",
         Reason.PROGRESS_DEADLINE_EXCEEDED,
     ),
@@ -488,14 +495,14 @@ STALLS = [
     StallCase("no deadline, no rule", report(6000), "Running", run_policy={}),
     StallCase(
         "restartPolicy Never fails the job",
-        report(61),
+        report(91),
         "Failed",
         Reason.PROGRESS_DEADLINE_EXCEEDED,
         run_policy={"progressDeadlineSeconds": 60, "restartPolicy": "Never"},
     ),
     StallCase(
         "counted against backoffLimit",
-        report(61),
+        report(91),
         "Failed",
         Reason.BACKOFF_LIMIT_EXCEEDED,
         run_policy={"progressDeadlineSeconds": 60, "backoffLimit": 1},
@@ -524,22 +531,118 @@ def test_progress_deadline(case: StallCase) -> None:
     assert failure is not None and failure.message is not None
     assert (failure.pod, failure.reason) == ("bar-worker-0", "ProgressDeadlineExceeded")
     assert failure.message == (
-        "rank 0 last reported progress at 2026-11-22T11:58:59Z (epoch 3, step 14 of 57), "
+        "rank 0 last reported progress at 2026-11-22T11:58:29Z (epoch 3, step 14 of 57), "
         "more than progressDeadlineSeconds (60s) ago: a rank or a collective hung"
     )
     assert decision.actions == (delete(0, 1),)
 
 
 def test_a_group_restarted_for_no_progress_says_so() -> None:
-    status = running(training=report(61))
+    status = running(training=report(91))
     pods = [pod(0, created_at=CREATED), pod(1, created_at=CREATED)]
     decision = decide(job(status, runPolicy={"progressDeadlineSeconds": 60}), pods, NOW)
     restarting = next(c for c in decision.status.conditions if c.type == "Restarting")
     assert restarting.message == (
-        "bar-worker-0 made no progress (rank 0 last reported progress at 2026-11-22T11:58:59Z "
+        "bar-worker-0 made no progress (rank 0 last reported progress at 2026-11-22T11:58:29Z "
         "(epoch 3, step 14 of 57), more than progressDeadlineSeconds (60s) ago: a rank or a "
         "collective hung); restarting the group (restart 1 of at most 3)"
     )
+
+
+STALL_PODS = [pod(0, created_at=CREATED), pod(1, created_at=CREATED)]
+
+
+@pytest.mark.parametrize(
+    ("gap", "seconds_ago", "phase"),
+    [(30, 179, "Running"), (30, 181, "Restarting"), (5, 151, "Restarting"), (None, 500, "Running")],
+    ids=[
+        "within 5 x 30 s (+ 30)",
+        "past it",
+        "never under the minimum, 120 s",
+        "no epoch ended yet",
+    ],
+)
+def test_a_job_without_a_deadline_learns_one_from_its_reports(
+    gap: float | None, seconds_ago: int, phase: str
+) -> None:
+    training = report(seconds_ago, longestReportGapSeconds=gap)
+    decision = decide(job(running(training=training)), STALL_PODS, NOW)
+    assert decision.status.phase == phase
+    if phase == "Restarting":
+        failure = decision.status.failure
+        assert failure is not None and failure.message is not None
+        learned = max(120, 5 * (gap or 0))
+        assert f"more than the learned progress deadline ({learned}s: 5 x the longest gap " in (
+            failure.message
+        )
+
+
+def test_ranks_restarted_in_place_get_the_time_a_new_attempt_gets() -> None:
+    """Their agent restarted them (import, rendezvous, the checkpoint's load): the deadline
+    waits for their first report, as for a new attempt's."""
+    restarted = NOW - timedelta(seconds=200)
+    rank_restart = {"attempt": 0, "count": 1, "time": restarted, "pod": "bar-worker-1"}
+    status = running(training=report(300), rankRestart=rank_restart, inPlaceRestarts=1)
+    decision = decide(job(status, runPolicy={"progressDeadlineSeconds": 60}), STALL_PODS, NOW)
+    assert decision.status.phase == "Running"
+    status["training"] = report(100)  # they reported: the deadline counts again
+    decision = decide(job(status, runPolicy={"progressDeadlineSeconds": 60}), STALL_PODS, NOW)
+    assert decision.status.phase == "Restarting"
+
+
+def stall(seconds_ago: int, rank: int | None = 1) -> dict[str, Any]:
+    """status.training.stall as rank 0 found it `seconds_ago`: rank 1 of node cpu-3 behind,
+    or (rank None) every rank even."""
+    if rank is None:
+        found = {"message": "no rank fell behind: all 2 were at 80 collective(s) and were ..."}
+    else:
+        found = {
+            "rank": rank,
+            "pod": f"bar-worker-{rank}",
+            "node": "cpu-3",
+            "step": 13,
+            "message": f"rank {rank} (pod bar-worker-{rank}, node cpu-3) stopped first, at "
+            "step 13: 1 collective(s) behind the others",
+        }
+    return {**found, "checkedAt": NOW - timedelta(seconds=seconds_ago)}
+
+
+def test_the_rank_the_group_waited_on_is_named_not_rank_0() -> None:
+    """Rank 0 reports; the rank that hung is another, found by rank 0's ledger thread in this
+    stall: status.failure, the condition and the Event name its pod, node and rank."""
+    training = report(61, stall=stall(30))
+    decision = decide(
+        job(running(training=training), runPolicy={"progressDeadlineSeconds": 60}), STALL_PODS, NOW
+    )
+    failure = decision.status.failure
+    assert failure is not None and failure.message is not None
+    assert (failure.pod, failure.node, failure.rank) == ("bar-worker-1", "cpu-3", 1)
+    assert failure.message.startswith(
+        "rank 1 (pod bar-worker-1, node cpu-3) stopped first, at step 13: 1 collective(s) "
+        "behind the others (found by rank 0); rank 0 last reported progress at "
+    )
+    restarting = next(c for c in decision.status.conditions if c.type == "Restarting")
+    assert restarting.message is not None
+    assert restarting.message.startswith("bar-worker-1 made no progress (rank 1 (pod bar-worker-1")
+    assert [e.message for e in decision.events] == [restarting.message]
+    older = report(91, stall=stall(120))  # found in an earlier stall, before the last report
+    decision = decide(
+        job(running(training=older), runPolicy={"progressDeadlineSeconds": 60}), STALL_PODS, NOW
+    )
+    assert decision.status.failure is not None
+    assert (decision.status.failure.pod, decision.status.failure.rank) == ("bar-worker-0", None)
+
+
+def test_a_group_found_even_is_left_to_its_collective_timeout_unless_the_user_set_one() -> None:
+    """Every rank even and heard from: a pause of the program's own (a long validation) or a
+    collective all wait in; the learned deadline does not fire, the user's does."""
+    training = report(300, longestReportGapSeconds=30, stall=stall(30, rank=None))
+    assert decide(job(running(training=training)), STALL_PODS, NOW).status.phase == "Running"
+    own = job(running(training=training), runPolicy={"progressDeadlineSeconds": 60})
+    decision = decide(own, STALL_PODS, NOW)
+    assert decision.status.phase == "Restarting"
+    assert decision.status.failure is not None
+    assert decision.status.failure.pod == "bar-worker-0"
 
 
 UNREADY = "2026-11-22T11:58:40Z"  # the node controller marked the node's pods not ready

@@ -60,6 +60,8 @@ class WorkerFailure:
     # being deleted while it still runs, replaced before it ends (restarts in place): a
     # preemption, however it ends
     taken_running: bool = False
+    node: str | None = None  # where known: said in status.failure
+    rank: int | None = None  # the global rank, where the trainer named it
 
     @property
     def lost_or_killed(self) -> bool:
@@ -225,7 +227,12 @@ def is_retryable(job: DDPTrainingJob, failure: WorkerFailure) -> bool:
 def failure_of(failure: WorkerFailure) -> Failure:
     """`status.failure` for `failure`."""
     return Failure(
-        pod=failure.pod, exit_code=failure.exit_code, reason=failure.reason, message=failure.message
+        pod=failure.pod,
+        node=failure.node,
+        rank=failure.rank,
+        exit_code=failure.exit_code,
+        reason=failure.reason,
+        message=failure.message,
     )
 
 

@@ -3,12 +3,23 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
-from kube_ddp import gang
-from kube_ddp.api import DDPTrainingJob, JobStatus, Phase, Preemption, RunPolicy, WorkerCounts
+from kube_ddp import gang, names
+from kube_ddp.api import (
+    DDPTrainingJob,
+    JobStatus,
+    Phase,
+    Preemption,
+    RunPolicy,
+    StallCheck,
+    TrainingProgress,
+    WorkerCounts,
+)
 from kube_ddp.reasons import Reason
 from kube_ddp.status.draft import DeleteJob, Draft, Event, condition_status
 from kube_ddp.status.views import PodView
@@ -188,25 +199,69 @@ def deadline_exceeded(draft: Draft, job: DDPTrainingJob) -> str | None:
     return f"The job ran longer than activeDeadlineSeconds ({deadline}s)"
 
 
+@dataclass(frozen=True)
+class Stall:
+    """Why a running group must restart for want of progress, and the rank it waited on where
+    the trainer found one."""
+
+    message: str
+    suspect: StallCheck | None = None
+
+
+def progress_deadline(job: DDPTrainingJob, training: TrainingProgress) -> tuple[int, str] | None:
+    """The seconds without a report of rank 0 that mean a hang, and where they come from:
+    runPolicy.progressDeadlineSeconds, else learned from the job's own reports once an epoch
+    ended (`names.LEARNED_DEADLINE_FACTOR` times the longest gap between two); None before."""
+    own = job.spec.run_policy.progress_deadline_seconds
+    if own is not None:
+        return own, f"progressDeadlineSeconds ({own}s)"
+    gap = training.longest_report_gap_seconds
+    if gap is None:
+        return None
+    factor = names.LEARNED_DEADLINE_FACTOR
+    learned = max(names.MIN_LEARNED_DEADLINE_SECONDS, math.ceil(factor * gap))
+    return learned, (
+        f"the learned progress deadline ({learned}s: {factor} x the longest gap between "
+        f"rank 0's reports, {gap:.0f}s)"
+    )
+
+
 def progress_stalled(
     draft: Draft, job: DDPTrainingJob, workers: Mapping[int, PodView]
-) -> str | None:
+) -> Stall | None:
     """Why the running group must restart: rank 0's last progress report (status.training) is
-    older than progressDeadlineSeconds; else None, and a requeue for when it would be.
+    older than the progress deadline (`progress_deadline`); else None, and a requeue for when
+    it would be. The rank the trainer found the group waiting on in this stall is named, for
+    which the deadline waits a heartbeat longer when rank 0 has not said yet (its ledger
+    thread finds it an interval after the stall: `culprit.Ledger.watch`). A learned deadline
+    leaves alone a group whose ranks rank 0 found even and alive (a pause of the program's
+    own, or a collective all of them wait in: its timeout is the bound).
 
     A report from before the newest worker was created belongs to an earlier attempt (or to
     before a suspension): the deadline waits for this attempt's first report, so startup, data
     download and compilation take what they take."""
-    deadline = job.spec.run_policy.progress_deadline_seconds
     training = draft.status.training
-    if deadline is None or training is None or training.updated_at is None:
+    if training is None or training.updated_at is None:
         return None
+    deadline = progress_deadline(job, training)
+    if deadline is None:
+        return None
+    seconds, source = deadline
     created = [datetime.fromisoformat(p.created_at) for p in workers.values() if p.created_at]
     if not created or training.updated_at < max(created):
         return None
-    left = (training.updated_at + timedelta(seconds=deadline) - draft.now).total_seconds()
+    left = (training.updated_at + timedelta(seconds=seconds) - draft.now).total_seconds()
     if left > 0:
         draft.requeue(left)
+        return None
+    found = training.stall
+    if found is not None and (found.checked_at is None or found.checked_at < training.updated_at):
+        found = None  # an earlier stall's
+    if found is None and (wait := left + names.HEARTBEAT_SECONDS) > 0:
+        draft.requeue(wait)  # rank 0's finding comes within an interval and a half of the stall
+        return None
+    learned = job.spec.run_policy.progress_deadline_seconds is None
+    if learned and found is not None and found.rank is None:
         return None
     if training.step is not None and training.epoch is not None:
         where = f"epoch {training.epoch + 1}, step {training.step}"
@@ -214,10 +269,10 @@ def progress_stalled(
     else:
         where = f"after epoch {training.epoch or 0}"
     last = training.updated_at.strftime("%Y-%m-%dT%H:%M:%SZ")
-    return (
-        f"rank 0 last reported progress at {last} ({where}), more than "
-        f"progressDeadlineSeconds ({deadline}s) ago: a rank or a collective hung"
-    )
+    stalled = f"rank 0 last reported progress at {last} ({where}), more than {source} ago"
+    if found is None or found.rank is None:
+        return Stall(f"{stalled}: a rank or a collective hung")
+    return Stall(f"{found.message} (found by rank 0); {stalled}", found)
 
 
 def finish(

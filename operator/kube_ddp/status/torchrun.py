@@ -28,6 +28,7 @@ from kube_ddp.status.inplace import (
 )
 from kube_ddp.status.lifecycle import (
     FINISHED,
+    Stall,
     after_finish,
     count_workers,
     deadline_exceeded,
@@ -149,8 +150,11 @@ def _under_way(
         up = f"All {nodes} workers are running"
     elif running >= enough and worker0 is not None and worker0.phase == "Running":
         up = f"{running} of {nodes} workers are running (elastic: at least {enough})"
-    if up is not None and (stalled := progress_stalled(draft, job, current)) is not None:
-        fail_or_restart(draft, job, [_hung(job, stalled)], Pods(observed))
+    # Ranks restarted in place start again (import, rendezvous, a checkpoint's load) as a new
+    # attempt does: the deadline waits for their first report.
+    in_place = restarting_in_place(draft)
+    if up is not None and not in_place and (stall := progress_stalled(draft, job, current)):
+        fail_or_restart(draft, job, [_hung(job, stall)], Pods(observed))
         return
     progress(
         draft,
@@ -159,17 +163,30 @@ def _under_way(
         running=running,
         up=up,
         reason=Reason.WORKERS_RUNNING,
-        restarting=restarting_in_place(draft),
+        restarting=in_place,
     )
 
 
-def _hung(job: DDPTrainingJob, message: str) -> WorkerFailure:
-    """The group's failure when rank 0, the one that reports, stopped making progress."""
+def _hung(job: DDPTrainingJob, stall: Stall) -> WorkerFailure:
+    """The group's failure when rank 0 stopped reporting progress: the rank the trainer found
+    the group waiting on, else worker 0 (the one that reports)."""
+    suspect = stall.suspect
+    if suspect is not None and suspect.pod:
+        index = names.worker_index(job.name, suspect.pod)
+        return WorkerFailure(
+            pod=suspect.pod,
+            index=0 if index is None else index,
+            reason=Reason.PROGRESS_DEADLINE_EXCEEDED,
+            message=stall.message,
+            hung=True,
+            node=suspect.node,
+            rank=suspect.rank,
+        )
     return WorkerFailure(
         pod=names.worker_name(job.name, 0),
         index=0,
         reason=Reason.PROGRESS_DEADLINE_EXCEEDED,
-        message=message,
+        message=stall.message,
         hung=True,
     )
 
