@@ -1016,6 +1016,7 @@ ConditionType = Literal[
     "Suspended",
     "Schedulable",
     "ContainersStarted",
+    "Straggler",
 ]
 
 
@@ -1083,6 +1084,21 @@ class StallCheck(StatusModel):
     checked_at: datetime | None = Field(None, description="When rank 0 found it.")
 
 
+class StragglerReport(StatusModel):
+    """A rank whose own part of each step (its forward pass) stays slower than the others', as
+    rank 0 of the trainer finds it in the group's store: the group waits for it at every
+    all-reduce."""
+
+    rank: int | None = Field(None, description="Its global rank.")
+    pod: str | None = Field(None, description="Its pod.")
+    node: str | None = Field(None, description="Its node.")
+    slower_by: float | None = Field(
+        None, description="Its time over the median of the other ranks' (1.5 and more)."
+    )
+    message: str | None = Field(None, description="What was measured.")
+    checked_at: datetime | None = Field(None, description="When rank 0 found it.")
+
+
 class TrainingProgress(StatusModel):
     """Live progress, reported by rank 0 of the trainer after each epoch and, within one, every
     heartbeat."""
@@ -1116,6 +1132,9 @@ class TrainingProgress(StatusModel):
     )
     stall: StallCheck | None = Field(
         None, description="What rank 0 found when the group last stalled."
+    )
+    straggler: StragglerReport | None = Field(
+        None, description="A rank the group waits for at every step, while it is one."
     )
 
 

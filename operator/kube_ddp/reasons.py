@@ -37,6 +37,9 @@ class Reason(StrEnum):
         "ProgressDeadlineExceeded"  # no progress for progressDeadlineSeconds: a group restart
     )
     WORKER_SUCCEEDED = "WorkerSucceeded"  # worker 0 exited 0
+    # Straggler=True, Event: a rank's own part of each step is 1.5x the others' median or more
+    STRAGGLER_DETECTED = "StragglerDetected"
+    STRAGGLER_RECOVERED = "StragglerRecovered"  # Straggler=False, Event: it is one no more
     SUSPENDED = "Suspended"  # runPolicy.suspend
     QUEUED = "Queued"  # Suspended: waiting in a Kueue LocalQueue for its Workload's admission
     # Suspended: Kueue preempted its Workload for a higher priority one; Restarting, Event: the

@@ -6,7 +6,7 @@ import dataclasses
 import threading
 import time
 
-from ddp_trainer.culprit import Entry, Ledger, describe
+from ddp_trainer.culprit import Entry, Ledger, describe, slowest
 
 NOW = 1000.0
 
@@ -133,3 +133,43 @@ def test_rank_0_tells_which_rank_the_group_waits_on_once_per_stall() -> None:
     ledger.check_stall()  # the thread notes the step, as each interval
     clock[0] += 6
     assert ledger.check_group() is not None and len(told) == 3
+
+
+def timed(rank: int, compute_ms: float | None) -> Entry:
+    return dataclasses.replace(entry(rank, 120, 0), compute_ms=compute_ms)
+
+
+def test_the_slowest_rank_is_measured_against_the_median_of_the_others() -> None:
+    found = slowest([timed(0, 10.0), timed(1, 31.0), timed(2, 12.0), timed(3, 9.0)])
+    assert found is not None
+    assert (found[0].rank, round(found[1], 2)) == (1, 3.1)  # 31 ms against 10 ms
+    assert slowest([timed(0, 10.0), timed(1, None)]) is None  # one rank timed: no comparison
+
+
+def test_a_straggler_is_said_after_two_checks_and_cleared_after_two() -> None:
+    """Rank 0's thread, every half interval: a rank 1.5x the others' median twice in a row
+    is said once; its recovery twice in a row clears it (None); a single slow check is not."""
+    store, told = DictStore(), []
+    ledger = Ledger(store, lambda: 120, 0, 5, "job-worker-0", "node-0", clock=lambda: NOW)
+    ledger.watch(3, lambda fields: None, told.append)
+    ledger.timed(0.010)
+    ledger.write()
+
+    def others(rank_1_ms: float) -> None:
+        store.set("kubeddp/progress/1", timed(1, rank_1_ms).encode())
+        store.set("kubeddp/progress/2", timed(2, 11.0).encode())
+
+    for rank_1_ms, expected in [(30.0, []), (11.0, []), (30.0, []), (30.0, [1])]:
+        others(rank_1_ms)
+        ledger.check_stragglers()
+        assert [t["rank"] for t in told if t] == expected
+    assert told[0]["slowerBy"] == round(30.0 / 10.5, 2)
+    assert told[0]["message"].startswith("rank 1 (pod job-worker-1, node node-1) takes 2.9x ")
+    others(30.0)
+    ledger.check_stragglers()
+    assert len(told) == 1  # said once
+    others(10.0)
+    ledger.check_stragglers()
+    others(10.0)
+    ledger.check_stragglers()
+    assert told[1:] == [None]

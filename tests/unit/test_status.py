@@ -590,6 +590,36 @@ def test_ranks_restarted_in_place_get_the_time_a_new_attempt_gets() -> None:
     assert decision.status.phase == "Restarting"
 
 
+SLOW = {
+    "rank": 1,
+    "pod": "bar-worker-1",
+    "node": "cpu-3",
+    "slowerBy": 3.7,
+    "message": "rank 1 (pod bar-worker-1, node cpu-3) takes 3.7x the median time ...",
+}
+
+
+def test_a_straggler_is_said_on_the_job_once_and_cleared_when_it_recovers() -> None:
+    """Straggler=True with a Warning Event naming the rank, once; an earlier group's finding
+    counts for nothing; False with an Event when rank 0 cleared it."""
+    training = report(10, straggler={**SLOW, "checkedAt": NOW - timedelta(seconds=5)})
+    decision = decide(job(running(training=training)), STALL_PODS, NOW)
+    assert condition(decision, "Straggler") == ("True", "StragglerDetected")
+    assert [(e.type, e.reason, e.message) for e in decision.events] == [
+        ("Warning", "StragglerDetected", SLOW["message"])
+    ]
+    said = decision.status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    again = decide(job(said), STALL_PODS, NOW)
+    assert (condition(again, "Straggler"), again.events) == (("True", "StragglerDetected"), ())
+    said["training"]["straggler"] = None
+    cleared = decide(job(said), STALL_PODS, NOW)
+    assert condition(cleared, "Straggler") == ("False", "StragglerRecovered")
+    assert [e.reason for e in cleared.events] == ["StragglerRecovered"]
+    earlier = report(10, straggler={**SLOW, "checkedAt": "2026-11-22T11:49:00Z"})
+    decision = decide(job(running(training=earlier)), STALL_PODS, NOW)
+    assert condition(decision, "Straggler") is None and decision.events == ()
+
+
 def stall(seconds_ago: int, rank: int | None = 1) -> dict[str, Any]:
     """status.training.stall as rank 0 found it `seconds_ago`: rank 1 of node cpu-3 behind,
     or (rank None) every rank even."""

@@ -99,6 +99,9 @@ RESERVED_ENV: Final = (
 HEARTBEAT_SECONDS: Final = 30
 HEARTBEAT_ENV: Final = "KUBEDDP_HEARTBEAT_SECONDS"  # a shorter heartbeat, for tests
 MIN_PROGRESS_DEADLINE_SECONDS: Final = 2 * HEARTBEAT_SECONDS
+# A rank whose own part of each step takes this many times the median of the others' is a
+# straggler: rank 0 reports it (status.training.straggler), the operator says it on the job.
+STRAGGLER_RATIO: Final = 1.5
 # Where torch writes each rank's flight-recorder dump (a path prefix; torch adds the rank; torch
 # 2.15 also reads TORCH_FR_DUMP_TEMP_FILE): the operator points it beside the checkpoints and
 # the trainer creates its directory.

@@ -63,6 +63,9 @@ class Entry:
     pod: str
     node: str
     started: int | None = None  # steps begun (the one in progress counts); None: as `step`
+    # the rank's own time per step (its forward pass, no collective in it), a moving average:
+    # what tells a straggler, whose peers wait for it in the all-reduce and so step as slowly
+    compute_ms: float | None = None
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
@@ -144,8 +147,42 @@ def describe(entries: Sequence[Entry], world_size: int, now: float, interval: fl
     )
 
 
+STRAGGLER_RATIO = contract.STRAGGLER_RATIO
+# It must be so (or no longer so) at this many checks in a row before it is said: no flapping.
+STRAGGLER_CHECKS = 2
+COMPUTE_SMOOTHING = 0.2  # the weight of the newest step in `compute_ms`
+
+
+def slowest(entries: Sequence[Entry]) -> tuple[Entry, float] | None:
+    """The rank whose own time per step is the longest, and how many times the median of the
+    others' it is; None with fewer than two ranks timed."""
+    timed = [e for e in entries if e.compute_ms is not None and e.compute_ms > 0]
+    if len(timed) < 2:
+        return None
+    worst = max(timed, key=lambda e: (e.compute_ms or 0.0, -e.rank))
+    others = sorted(e.compute_ms or 0.0 for e in timed if e is not worst)
+    middle = len(others) // 2
+    median = others[middle] if len(others) % 2 else (others[middle - 1] + others[middle]) / 2
+    return worst, (worst.compute_ms or 0.0) / median
+
+
+def straggler_fields(entry: Entry, ratio: float) -> dict[str, Any]:
+    """status.training.straggler: the rank, its pod and node, and how much slower it is."""
+    return {
+        "rank": entry.rank,
+        "pod": entry.pod,
+        "node": entry.node,
+        "slowerBy": round(ratio, 2),
+        "message": f"rank {entry.rank} (pod {entry.pod}, node {entry.node}) takes {ratio:.1f}x "
+        f"the median time of the other ranks' own part of a step ({entry.compute_ms:.1f} ms a "
+        "step): the group waits for it at every all-reduce",
+    }
+
+
 # Called with what rank 0 found in a stall (`stall_fields`).
 OnStall = Callable[[dict[str, Any]], object]
+# Called with a straggler found (`straggler_fields`), or None when it is one no more.
+OnStraggler = Callable[[dict[str, Any] | None], object]
 
 
 def stall_fields(found: Suspect | None, line: str) -> dict[str, Any]:
@@ -183,12 +220,15 @@ class Ledger:
         self.node = node
         self.clock = clock
         self.step = 0  # set by the training loop: a plain assignment per step
+        self.compute_ms: float | None = None  # likewise (`timed`), where the loop measures it
         self.started: int | None = None  # likewise, as a step begins, where the loop says
         self.stall_after = stall_after
         self._seen = (self.step, clock())  # the last step seen by the thread, and when
         self._dumped = False
-        self._watch: tuple[int, OnStall] | None = None  # rank 0's: world size, whom to tell
+        self._watch: tuple[int, OnStall, OnStraggler | None] | None = None  # rank 0's
         self._told: str | None = None  # what was last told, in this stall
+        self._straggler: int | None = None  # the rank said to straggle, if any
+        self._seen_slow: tuple[int | None, int] = (None, 0)  # the slowest rank, checks in a row
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kubeddp-ledger", daemon=True)
 
@@ -201,7 +241,17 @@ class Ledger:
             self.pod,
             self.node,
             self.started,
+            None if self.compute_ms is None else round(self.compute_ms, 3),
         )
+
+    def timed(self, seconds: float | None) -> None:
+        """This rank's own part of a step took `seconds` (the training loop's measure; None:
+        not known yet)."""
+        if seconds is None:
+            return
+        ms = seconds * 1000
+        last = self.compute_ms
+        self.compute_ms = ms if last is None else last + COMPUTE_SMOOTHING * (ms - last)
 
     def write(self) -> None:
         self.store.set(key(self.rank), self.entry().encode())
@@ -218,13 +268,17 @@ class Ledger:
         if self._thread.is_alive():
             self._thread.join(READ_TIMEOUT_S)
 
-    def watch(self, world_size: int, on_stall: OnStall) -> None:
+    def watch(
+        self, world_size: int, on_stall: OnStall, on_straggler: OnStraggler | None = None
+    ) -> None:
         """Rank 0's: when no step was made for an interval, read every rank's entry and tell
         `on_stall` which rank the group waits on, or that every rank is even and alive (a long
-        validation, or a collective all of them wait in); again when that changes. What it
-        costs a healthy group: nothing while it steps; in a pause longer than an interval, a
-        read of each rank's entry an interval and one report (at most one an interval)."""
-        self._watch = (world_size, on_stall)
+        validation, or a collective all of them wait in); again when that changes. And every
+        interval, tell `on_straggler` of a rank whose own time per step stays `STRAGGLER_RATIO`
+        times the others' median (`STRAGGLER_CHECKS` checks in a row), and when it recovers.
+        What it costs: a read of each rank's entry an interval on rank 0 (one round trip each,
+        about 120 us on a local store), and a report only when what is found changes."""
+        self._watch = (world_size, on_stall, on_straggler)
 
     @property
     def watching(self) -> bool:
@@ -242,6 +296,7 @@ class Ledger:
             try:
                 self.write()
                 self.check_group()
+                self.check_stragglers()
             except Exception as exc:  # the store's host is gone: the group is ending anyway
                 log.debug("progress ledger: %s", exc)
                 return
@@ -253,7 +308,7 @@ class Ledger:
         if self._watch is None or self.step != step or now - since < self.interval:
             self._told = None  # no stall, or a new one
             return None
-        world_size, on_stall = self._watch
+        world_size, on_stall, _ = self._watch
         entries = peek_entries(self.store, world_size)
         if not entries:
             return None
@@ -263,6 +318,22 @@ class Ledger:
             self._told = line
             on_stall(stall_fields(found, line))
         return line
+
+    def check_stragglers(self) -> int | None:
+        """Rank 0's: the rank said to straggle now, if any, told when that changes."""
+        world_size, _, on_straggler = self._watch or (0, None, None)
+        if on_straggler is None:
+            return None
+        found = slowest(peek_entries(self.store, world_size))
+        slow = found is not None and found[1] >= STRAGGLER_RATIO
+        rank = found[0].rank if found is not None and slow else None
+        seen, times = self._seen_slow
+        self._seen_slow = (rank, times + 1 if rank == seen else 1)
+        if self._seen_slow[1] < STRAGGLER_CHECKS or rank == self._straggler:
+            return self._straggler
+        self._straggler = rank
+        on_straggler(None if found is None or rank is None else straggler_fields(*found))
+        return rank
 
     def check_stall(self) -> bool:
         """Log every thread's Python stack once when no step was made for `stall_after`."""

@@ -13,6 +13,7 @@ import importlib.util
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -396,3 +397,35 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "hpu":
         torch.hpu.synchronize()  # type: ignore[attr-defined]
+
+
+class ComputeClock:
+    """The time of the part of a step a rank does alone (its forward pass), for the straggler
+    check (`culprit.Ledger.timed`). On a CPU the host's time. On CUDA the GPU's own, from a pair
+    of events read a step late, once done (`query`), so nothing waits for the device; None
+    until then. Elsewhere (Gaudi's lazy mode builds its graph on the host) the host's time: a
+    slow host shows there, a slow card does not."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.on_cuda = device.type == "cuda"
+        self.began = 0.0
+        self.begin: Any = None
+        self.pending: tuple[Any, Any] | None = None
+
+    def start(self) -> None:
+        if self.on_cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            self.begin.record()
+        else:
+            self.began = time.perf_counter()
+
+    def lap(self) -> float | None:
+        """Seconds since `start` (on CUDA: of the last step the GPU has finished)."""
+        if not self.on_cuda:
+            return time.perf_counter() - self.began
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end.record()
+        done, self.pending = self.pending, (self.begin, end)
+        if done is None or not done[1].query():
+            return None
+        return float(done[0].elapsed_time(done[1])) / 1000

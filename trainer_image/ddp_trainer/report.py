@@ -190,6 +190,12 @@ class Heartbeat:
         stall = {**fields, "checkedAt": stamp(now_utc())}
         return self.reporter.report({"status": {"training": {"stall": stall}}})
 
+    def report_straggler(self, fields: Mapping[str, Any] | None) -> bool:
+        """Say which rank the group waits for at every step (`culprit.Ledger.watch`), or that
+        none does any more (null removes it)."""
+        straggler = None if fields is None else {**fields, "checkedAt": stamp(now_utc())}
+        return self.reporter.report({"status": {"training": {"straggler": straggler}}})
+
     def _mark(self, epoch_end: bool) -> None:
         now = self.clock()
         if self.last > -math.inf:

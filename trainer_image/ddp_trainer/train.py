@@ -183,6 +183,7 @@ class Recipe:
     heartbeat: Heartbeat | None  # rank 0's progress within an epoch
     bar: ProgressBar
     ledger: culprit.Ledger | None = None  # this rank's progress in the group's store
+    compute_clock: distributed.ComputeClock  # its own part of a step, for the ledger
     saver: checkpoint.Saver | None = None  # rank 0's, with a checkpoint directory
     reported_save: checkpoint.Saved | None = None
     last_save_at: float  # monotonic
@@ -196,6 +197,7 @@ class Recipe:
             level=logging.INFO, format=f"ddp_trainer[rank {world.rank}]: %(message)s", force=True
         )
         self.device = distributed.pick_device(options.device, world, os.environ)
+        self.compute_clock = distributed.ComputeClock(self.device)
         distributed.set_cpu_threads(world, os.environ)
         self.backend = (
             distributed.backend_for(self.device, os.environ) if world.distributed else "none"
@@ -263,7 +265,11 @@ class Recipe:
                 every=Heartbeat.every_from_env(os.environ),
             )
             if self.ledger is not None:
-                self.ledger.watch(self.world.world_size, self.heartbeat.report_stall)
+                self.ledger.watch(
+                    self.world.world_size,
+                    self.heartbeat.report_stall,
+                    self.heartbeat.report_straggler,
+                )
         self.bar = ProgressBar(enabled=self.world.is_main)
 
     def _setup_data(self) -> Splits:
@@ -507,6 +513,7 @@ class Recipe:
         for step, (images, labels) in enumerate(batches, start=done):
             if self.ledger is not None:
                 self.ledger.started = self.global_step + 1
+                self.compute_clock.start()
             self.set_lr(first_step + step)
             x = self.device_layout(images)
             augment_generator = self._augment_generator(first_step + step)
@@ -514,6 +521,8 @@ class Recipe:
                 x = augment(x, self.flip_images, augment_generator)
             with self.autocast():
                 loss = nn.functional.cross_entropy(self.step_model(x), labels)
+            if self.ledger is not None:  # the rank's own part of the step: no collective in it
+                self.ledger.timed(self.compute_clock.lap())
             self.optimizer.zero_grad(set_to_none=True)
             scaled = loss if self.scaler is None else self.scaler.scale(loss)
             torch.autograd.backward(scaled)

@@ -128,6 +128,7 @@ def progress(
         if condition_status(draft.status, "Restarting") == "True" and not restarting:
             draft.condition("Restarting", "False", reason, up)
         draft.phase("Running", reason, up)
+        _straggler(draft, ordered)
     elif all(i in workers for i in range(nodes)) and all(p.scheduled for p in ordered):
         draft.phase(
             "Starting", Reason.WORKERS_STARTING, f"{running}/{nodes} workers running{starting_note}"
@@ -135,6 +136,29 @@ def progress(
     else:
         placed = sum(p.scheduled for p in ordered)
         draft.phase("Pending", Reason.WORKERS_PENDING, f"{placed}/{nodes} workers scheduled")
+
+
+def _straggler(draft: Draft, workers: list[PodView]) -> None:
+    """Straggler=True naming the rank rank 0 of the trainer found the group waiting for at
+    every step, with a Warning Event; False again, with an Event, once it is one no more. A
+    finding from before the newest worker was created is an earlier group's."""
+    training = draft.status.training
+    found = None if training is None else training.straggler
+    created = [datetime.fromisoformat(p.created_at) for p in workers if p.created_at]
+    if found is not None and (
+        found.checked_at is None or (created and found.checked_at < max(created))
+    ):
+        found = None
+    said = next((c for c in draft.status.conditions if c.type == "Straggler"), None)
+    if found is not None and found.message:
+        if said is None or said.status != "True" or said.message != found.message:
+            draft.condition("Straggler", "True", Reason.STRAGGLER_DETECTED, found.message)
+            draft.events.append(Event("Warning", Reason.STRAGGLER_DETECTED, found.message))
+    elif said is not None and said.status == "True":
+        ratio = names.STRAGGLER_RATIO
+        message = f"no rank is slower than {ratio}x the median of the others any more"
+        draft.condition("Straggler", "False", Reason.STRAGGLER_RECOVERED, message)
+        draft.events.append(Event("Normal", Reason.STRAGGLER_RECOVERED, message))
 
 
 def _containers_started(draft: Draft, workers: list[PodView]) -> None:
