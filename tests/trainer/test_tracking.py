@@ -5,8 +5,11 @@ client: one line, one run, no step twice."""
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.compat.proto import event_pb2
 
+from ddp_trainer.contract import EXIT_PREEMPTED
 from tests import mlflow_server
 from tests.mlflow_server import NO_TELEMETRY, running_mlflow_server
 from tests.s3_server import S3Server, running_s3_server
@@ -133,6 +137,37 @@ def _read_s3_logs(s3: S3Server, uri: str, monkeypatch: pytest.MonkeyPatch) -> Ev
     accumulator = EventAccumulator(uri)
     accumulator.Reload()
     return accumulator
+
+
+def test_the_own_script_example_resumed_after_sigterm_draws_one_line(tmp_path: Path) -> None:
+    """manifests/examples/own-script/train.py (plain PyTorch, `log_metrics` every 10 steps)
+    under kube-ddp's torchrun: stopped by SIGTERM (exit 86, its last events written on the
+    way out), then run to its end from the checkpoint: one line, every 10th step once."""
+    log_dir, checkpoints = tmp_path / "logs", tmp_path / "checkpoints"
+    script = support.REPO / "manifests" / "examples" / "own-script" / "train.py"
+    args = [str(script), f"--checkpoint-dir={checkpoints}", f"--log-dir={log_dir}"]
+    process = support.start(
+        support.wrapped_torchrun_command(*args, "--epochs=10000"), support.clean_env()
+    )
+    deadline = time.monotonic() + support.RUN_TIMEOUT_S
+    while not any(log_dir.glob("events.*")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # rank 0 logged step 10: its writer is open
+    time.sleep(1)
+    process.send_signal(signal.SIGTERM)
+    stopped = support.finish(process)
+    assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-2000:]
+    step = int(re.findall(r"stopping after step (\d+)", stopped.stdout)[0])
+    epochs = step // 100 + 2  # 100 steps an epoch: past the stop
+    support.run(support.wrapped_torchrun_command(*args, f"--epochs={epochs}")).check()
+
+    files = sorted(log_dir.glob("events.out.tfevents.*"))
+    assert len(files) == 2
+    assert scalars_in(file_events(files[0]), "loss")[-1] == step // 10 * 10
+    start = next(e for e in file_events(files[1]) if e.HasField("session_log"))
+    assert start.step == step + 1  # what the stopped run logged stays
+    accumulator = EventAccumulator(str(log_dir))
+    accumulator.Reload()
+    assert scalar_steps(accumulator, "loss") == list(range(10, epochs * 100 + 1, 10))
 
 
 def test_a_run_without_a_log_dir_or_tracking_server_imports_neither(tmp_path: Path) -> None:
