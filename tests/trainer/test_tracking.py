@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from tensorboard.compat.proto import event_pb2
 
 from ddp_trainer.contract import EXIT_PREEMPTED
+from kube_ddp.local.plan import free_port
 from tests import mlflow_server
 from tests.mlflow_server import NO_TELEMETRY, running_mlflow_server
 from tests.s3_server import S3Server, running_s3_server
@@ -168,6 +169,24 @@ def test_the_own_script_example_resumed_after_sigterm_draws_one_line(tmp_path: P
     accumulator = EventAccumulator(str(log_dir))
     accumulator.Reload()
     assert scalar_steps(accumulator, "loss") == list(range(10, epochs * 100 + 1, 10))
+
+
+def test_writers_that_cannot_write_never_stop_training(tmp_path: Path) -> None:
+    """No tracking server at the URI and a log dir that is a file: two warnings, and the run
+    trains to its end as without them."""
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    summary = tmp_path / "summary.json"
+    env = support.clean_env(**NO_TELEMETRY, MLFLOW_TRACKING_URI=f"http://127.0.0.1:{free_port()}")
+    done = support.run(
+        support.trainer_command(
+            *TINY, "--epochs=1", f"--log-dir={not_a_directory}", f"--summary-file={summary}"
+        ),
+        env,
+    ).check()
+    assert f"not writing TensorBoard events to {not_a_directory}" in done.stderr
+    assert "not logging to MLflow at http://127.0.0.1:" in done.stderr
+    assert support.summary(summary)["epochs_run"] == 1
 
 
 def test_a_run_without_a_log_dir_or_tracking_server_imports_neither(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ run's status: FINISHED, FAILED, or KILLED for a stop on SIGTERM (resumed later).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -32,6 +33,10 @@ JOB_NAME_TAG = "kubeddp.io/job-name"
 JOB_NAMESPACE_TAG = "kubeddp.io/job-namespace"
 CHECKPOINT_TAG = "kubeddp.io/checkpoint"
 STATUS = {"finished": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
+# MLflow's own defaults retry a server that does not answer for minutes (7 tries of up to
+# 120 s): rank 0 would hold its peers past their collective timeout. These give up within a
+# minute; a job's own env wins.
+GIVE_UP_SOONER = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
 
 
 class MlflowRun:
@@ -49,6 +54,8 @@ class MlflowRun:
         from mlflow import MlflowClient  # here: mlflow is optional
         from mlflow.entities import Param
 
+        for name, value in GIVE_UP_SOONER.items():
+            os.environ.setdefault(name, value)  # MLflow reads these from the process
         client = MlflowClient(tracking_uri=env[TRACKING_URI_ENV])
         experiment_id = _experiment_id(client, env)
         tags = job_tags(env)
