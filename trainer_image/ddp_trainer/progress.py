@@ -163,15 +163,16 @@ def log_metrics(
     `log_dir` (a directory or s3://BUCKET/PREFIX) and to MLflow when MLFLOW_TRACKING_URI is
     set. Call it every N steps and after each epoch, with the step your checkpoint resumed
     from (0: a fresh start): TensorBoard then shows a resumed run as the same curves, and
-    MLflow continues the job's run. `params` go to a new MLflow run. Rank 0 of any launcher;
-    elsewhere, or with neither a `log_dir` nor a tracking server, it does nothing. Needs
-    ddp-trainer[tracking]; a failure is a warning and never stops training.
+    MLflow continues the job's run. `params` go to a new MLflow run. Rank 0 of the process
+    group (or of RANK before there is one) writes; elsewhere, or with neither a `log_dir` nor
+    a tracking server, it does nothing. Needs ddp-trainer[tracking]; a failure is a warning
+    and never stops training.
 
         from ddp_trainer.progress import log_metrics
         log_metrics(step, {"train/loss": loss}, log_dir=args.log_dir, resumed_from_step=done)
     """
     if "tracker" not in _TRACKER:  # the first call opens it
-        rank_0 = os.environ.get(contract.RANK, "0") == "0"
+        rank_0 = _rank() == 0
         _TRACKER["tracker"] = (
             tracking.open_tracker(
                 log_dir, os.environ, first_step=resumed_from_step + 1, params=params or {}
@@ -186,6 +187,14 @@ def log_metrics(
 
 
 _TRACKER: dict[str, tracking.Tracker | None] = {}
+
+
+def _rank() -> int:
+    """The process group's rank once there is one (mpirun sets no RANK), else RANK's."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_initialized():
+        return int(dist.get_rank())
+    return int(os.environ.get(contract.RANK) or 0)
 
 
 @functools.cache
