@@ -22,6 +22,7 @@ def _non_default(name: str) -> Any:
         "momentum": 0.8,
         "target_accuracy": 0.75,
         "checkpoint_dir": "/ckpt",
+        "log_dir": "s3://curves/run-1",
         "summary_file": "/out/summary.json",
         "lr": 0.025,
         "warmup_epochs": 0.5,

@@ -115,7 +115,11 @@ def end_process(code: int) -> NoReturn:
     """Exit with `code`; once torch is loaded, without the interpreter's teardown. Gloo's worker
     threads outlive destroy_process_group, and one that drops the last reference to a finished
     collective's tensors while the interpreter finalizes takes a GIL that is gone: std::terminate,
-    and SIGABRT's 134 in place of `code` (a finished rank then looks failed)."""
+    and SIGABRT's 134 in place of `code` (a finished rank then looks failed). Training curves
+    still open are written out first (`tracking.close_open`)."""
+    from ddp_trainer import tracking
+
+    tracking.close_open(code)
     if "torch" not in sys.modules:
         sys.exit(code)
     logging.shutdown()

@@ -187,6 +187,19 @@ class TrainerOptions(BaseModel):
         description="Process-group timeout: how long a rank waits for the others at startup and "
         "in a collective before failing (instead of hanging when a rank is lost).",
     )
+    log_dir: str | None = Field(
+        None,
+        description="Write TensorBoard event files (rank 0) to this directory or "
+        "s3://BUCKET/PREFIX (with the checkpoints' credentials): `tensorboard --logdir` shows "
+        "the run, a resumed one continuing the same curves. MLflow gets the same curves when "
+        "the environment sets MLFLOW_TRACKING_URI.",
+    )
+    log_every_steps: int = Field(
+        50,
+        ge=1,
+        description="Log the training loss, learning rate, images/s and step time every N "
+        "global steps (to logDir and MLflow); epochs are logged at their end.",
+    )
     report_progress: bool = Field(
         True,
         description="Rank 0 patches status.training of its DDPTrainingJob after each epoch "

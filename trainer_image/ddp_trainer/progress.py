@@ -9,12 +9,13 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import SupportsFloat, TextIO
 
-from ddp_trainer import contract, culprit
+from ddp_trainer import contract, culprit, tracking
 from ddp_trainer.errors import exit_peer_lost, is_peer_lost, storage
 from ddp_trainer.report import Heartbeat, StatusReporter, checkpoint_fields, now_utc
 
@@ -147,6 +148,53 @@ def report_checkpoint(step: int, epoch: int, seconds: float, *, resumed_from_ste
         resumed_from_step=resumed_from_step,
     )
     return reporter.report({"status": {"training": fields}})
+
+
+def log_metrics(
+    step: int,
+    values: Mapping[str, SupportsFloat],
+    *,
+    log_dir: str | None = None,
+    resumed_from_step: int = 0,
+    params: Mapping[str, object] | None = None,
+) -> None:
+    """Training curves from a program of your own, as the trainer writes them: `values` (floats
+    or tensors, read here) at global step `step`, from rank 0, to TensorBoard event files in
+    `log_dir` (a directory or s3://BUCKET/PREFIX) and to MLflow when MLFLOW_TRACKING_URI is
+    set. Call it every N steps and after each epoch, with the step your checkpoint resumed
+    from (0: a fresh start): TensorBoard then shows a resumed run as the same curves, and
+    MLflow continues the job's run. `params` go to a new MLflow run. Rank 0 of the process
+    group (or of RANK before there is one) writes; elsewhere, or with neither a `log_dir` nor
+    a tracking server, it does nothing. Needs ddp-trainer[tracking]; a failure is a warning
+    and never stops training.
+
+        from ddp_trainer.progress import log_metrics
+        log_metrics(step, {"train/loss": loss}, log_dir=args.log_dir, resumed_from_step=done)
+    """
+    if "tracker" not in _TRACKER:  # the first call opens it
+        rank_0 = _rank() == 0
+        _TRACKER["tracker"] = (
+            tracking.open_tracker(
+                log_dir, os.environ, first_step=resumed_from_step + 1, params=params or {}
+            )
+            if rank_0
+            else None
+        )
+    tracker = _TRACKER["tracker"]
+    if tracker is not None:
+        tracker.log(step, values)
+        tracker.flush()
+
+
+_TRACKER: dict[str, tracking.Tracker | None] = {}
+
+
+def _rank() -> int:
+    """The process group's rank once there is one (mpirun sets no RANK), else RANK's."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_initialized():
+        return int(dist.get_rank())
+    return int(os.environ.get(contract.RANK) or 0)
 
 
 @functools.cache

@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import checkpoint, culprit, distributed, stores
+from ddp_trainer import checkpoint, culprit, distributed, stores, tracking
 from ddp_trainer.batches import (
     Batches,
     Normalizer,
@@ -71,19 +71,23 @@ def run(options: TrainerOptions, preemption: Preemption | None = None) -> Summar
     step (`PreemptedError`) once `preemption` (made here when not given) is in place."""
     recipe = Recipe(options, preemption)
     stopped_cleanly = False
+    outcome = "failed"
     try:
         recipe.setup()
         summary = recipe.train()
         stopped_cleanly = True
+        outcome = "finished"
         return summary
     except PreemptedError:
         stopped_cleanly = True
+        outcome = "stopped"
         raise
     except Exception as exc:
         if is_peer_lost(exc):
             recipe.name_the_culprit()
         raise
     finally:
+        recipe.close_tracker(outcome)
         recipe.cleanup(stopped_cleanly)
 
 
@@ -182,6 +186,8 @@ class Recipe:
     reporter: StatusReporter | None
     heartbeat: Heartbeat | None  # rank 0's progress within an epoch
     bar: ProgressBar
+    tracker: tracking.Tracker | None = None  # rank 0's curves (--log-dir, MLflow)
+    logged_at: tuple[float, int]  # (perf_counter, global step) of the last step logged
     ledger: culprit.Ledger | None = None  # this rank's progress in the group's store
     compute_clock: distributed.ComputeClock  # its own part of a step, for the ledger
     saver: checkpoint.Saver | None = None  # rank 0's, with a checkpoint directory
@@ -271,6 +277,18 @@ class Recipe:
                     self.heartbeat.report_straggler,
                 )
         self.bar = ProgressBar(enabled=self.world.is_main)
+        if self.world.is_main:
+            self.tracker = tracking.open_tracker(
+                options.log_dir,
+                os.environ,
+                first_step=self.resumed_from_step + 1,
+                params={
+                    **options.model_dump(),
+                    "world_size": self.world.world_size,
+                    "accelerator": self.device.type,
+                    "backend": self.backend,
+                },
+            )
 
     def _setup_data(self) -> Splits:
         """The dataset as device-resident, sharded, normalised batches; whether to flip and
@@ -441,6 +459,7 @@ class Recipe:
                 self.bar.clear()
                 print(epoch_line(metrics), flush=True)
                 self.report(metrics)
+                self.log_epoch(metrics)
             crash_once_if_asked(
                 epoch, self.world.rank, self.world.world_size, os.environ, self.wait_for_save
             )
@@ -510,6 +529,7 @@ class Recipe:
                 seen = round(carried.images)
         first_step = (epoch - 1) * self.steps_per_epoch
         started = time.perf_counter()
+        self.logged_at = (started, self.global_step)  # step times leave the evaluation out
         for step, (images, labels) in enumerate(batches, start=done):
             if self.ledger is not None:
                 self.ledger.started = self.global_step + 1
@@ -538,6 +558,8 @@ class Recipe:
             self.global_step += 1  # not the position: it goes on across world sizes
             if self.batch_log is not None:
                 self.batch_log.step(self.global_step, images, labels, loss)
+            if self.tracker is not None and self.global_step % self.options.log_every_steps == 0:
+                self.log_steps(loss)
             self.bar.update(epoch, self.options.epochs, step + 1, self.steps_per_epoch, started)
             if self.heartbeat is not None:
                 self.heartbeat.beat(epoch - 1, step + 1)
@@ -694,6 +716,55 @@ class Recipe:
         if self.heartbeat is not None:
             patch["status"]["training"].update(self.heartbeat.epoch_report(metrics.epoch))
         self.reporter.report(patch, final=self.finished())
+
+    def log_steps(self, loss: torch.Tensor) -> None:
+        """Rank 0's loss (read now: a device sync every --log-every-steps), the learning rate,
+        and images/s and seconds per step since the last steps logged."""
+        assert self.tracker is not None
+        loss_value = float(loss)
+        now, step = time.perf_counter(), self.global_step
+        since, steps = now - self.logged_at[0], step - self.logged_at[1]
+        self.logged_at = (now, step)
+        images = steps * self.options.batch_size * self.world.world_size
+        self.tracker.log(
+            step,
+            {
+                "train/loss": loss_value,
+                "train/lr": self.optimizer.param_groups[0]["lr"],
+                "train/images_per_sec": images / since if since > 0 else 0.0,
+                "train/step_seconds": since / steps if steps else 0.0,
+            },
+        )
+
+    def log_epoch(self, metrics: EpochMetrics) -> None:
+        """The epoch's all-reduced figures at the global step it ended on."""
+        if self.tracker is None:
+            return
+        self.tracker.log(
+            self.global_step,
+            {
+                "epoch/loss": metrics.loss,
+                "epoch/val_loss": metrics.val_loss,
+                "epoch/val_accuracy": metrics.val_accuracy,
+                "epoch/images_per_sec": metrics.images_per_sec,
+                "epoch/seconds": metrics.epoch_time,
+                "epoch": metrics.epoch,
+            },
+        )
+        self.tracker.flush()
+
+    def close_tracker(self, outcome: str) -> None:
+        """The curves' last events, and the newest checkpoint's location for MLflow."""
+        if self.tracker is None:
+            return
+        saved = None
+        if self.saver is not None:
+            with contextlib.suppress(Exception):  # its error is training's to raise
+                saved = self.saver.wait()
+        where = None
+        if saved is not None and self.saver is not None:
+            where = self.saver.store.location(checkpoint.checkpoint_name(saved.step))
+        self.tracker.close(outcome, where)
 
     def finish(self) -> Summary:
         self.wait_for_save()

@@ -4,7 +4,7 @@ torchrun (which kube-ddp starts for `nprocPerNode` > 1) or kube-ddp itself (one 
 sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; `init_process_group` reads
 them. It fits a linear model to y = 3x + 1 on data each rank makes for itself.
 
-Two helpers from the trainer image's ddp_trainer package (standard library until used):
+Three helpers from the trainer image's ddp_trainer package (standard library until used):
 
 - `report` tells kube-ddp where training stands: the job's status gets the step, the
   percentage done and the time left, and runPolicy.progressDeadlineSeconds can tell a hung
@@ -14,6 +14,10 @@ Two helpers from the trainer image's ddp_trainer package (standard library until
   checkpoint of that step and every rank exits 86, which kube-ddp resumes instead of counting
   a failure. The next run starts after the saved step; `report_checkpoint` puts the save in
   the job's status.
+- `log_metrics` writes the curves, from rank 0: TensorBoard event files in `--log-dir` (a
+  directory or s3://BUCKET/PREFIX) and an MLflow run when MLFLOW_TRACKING_URI is set. Given
+  the step the checkpoint resumed from, a resumed run continues the same TensorBoard line and
+  the job's one MLflow run. Without either, it does nothing.
 """
 
 import argparse
@@ -25,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer.preemption import Preemption
-from ddp_trainer.progress import report, report_checkpoint
+from ddp_trainer.progress import log_metrics, report, report_checkpoint
 
 
 def main() -> None:
@@ -33,6 +37,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps-per-epoch", type=int, default=100)
     parser.add_argument("--checkpoint-dir", help="where rank 0 saves on SIGTERM (a volume)")
+    parser.add_argument("--log-dir", help="TensorBoard event files: a directory or s3://...")
     args = parser.parse_args()
 
     preemption = Preemption()  # first: a SIGTERM from here on is handled
@@ -65,6 +70,8 @@ def main() -> None:
         optimizer.step()
         epoch, in_epoch = divmod(step, args.steps_per_epoch)
         report(epoch, in_epoch + 1, args.steps_per_epoch, loss, epochs=args.epochs)
+        if (step + 1) % 10 == 0:
+            log_metrics(step + 1, {"loss": loss}, log_dir=args.log_dir, resumed_from_step=done[0])
         if preemption.stop_requested():  # every rank, every step: they agree on this one
             print(f"stopping after step {step + 1}: SIGTERM", flush=True)
             if rank == 0 and checkpoint:
