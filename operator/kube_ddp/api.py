@@ -1177,6 +1177,15 @@ class Preemption(StatusModel):
     )
 
 
+class AvoidedNode(StatusModel):
+    """A node a worker was lost to (its node stopped reporting, or evicted it under pressure):
+    the next pods prefer other nodes until `until`."""
+
+    node: str = Field(description="The node.")
+    reason: str | None = Field(None, description="What the worker's loss was (NodeLost, Evicted).")
+    until: datetime | None = Field(None, description="When the next pods may prefer it again.")
+
+
 class JobStatus(StatusModel):
     """Observed state of a DDPTrainingJob."""
 
@@ -1227,6 +1236,11 @@ class JobStatus(StatusModel):
     )
     rank_restart: RankRestart | None = Field(
         None, description="The newest in-place restart, as the pod agent that made it reports it."
+    )
+    avoided_nodes: list[AvoidedNode] = Field(
+        default_factory=list,
+        description="Nodes workers were lost to, which the next pods prefer not to run on "
+        "for a while (they still go there when no other node fits).",
     )
 
     @property

@@ -471,6 +471,23 @@ def termination_grace_seconds(job: DDPTrainingJob) -> int | None:
     return max(DEFAULT_GRACE_SECONDS if own is None else own, fits)
 
 
+def avoiding(affinity: Obj | None, nodes: Sequence[str]) -> Obj:
+    """`affinity` (the template's, unchanged) with a preference, the strongest a term can have,
+    for nodes other than `nodes`: a soft one, so a group is never kept off the only nodes that
+    fit. By the node's name (`matchFields`): a hostname label may differ from it."""
+    avoid = {
+        "weight": 100,
+        "preference": {
+            "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}]
+        },
+    }
+    own = dict(affinity or {})
+    node_affinity = dict(own.get("nodeAffinity") or {})
+    preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+    node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [*preferred, avoid]
+    return {**own, "nodeAffinity": node_affinity}
+
+
 def node_lost_tolerations(job: DDPTrainingJob) -> list[Obj]:
     """NoExecute tolerations of a node that stopped reporting, for
     `runPolicy.unreachableTolerationSeconds`: without them a pod gets the API server's default
@@ -620,9 +637,11 @@ def build_worker_pod(
     attempt: int,
     settings: BuildSettings,
     name: str | None = None,
+    avoid_nodes: Sequence[str] = (),
 ) -> Obj:
     """Worker `index` of attempt `attempt` (torchrun launcher), named `name` (a successor's,
-    `names.successor_name`) or the worker's first name."""
+    `names.successor_name`) or the worker's first name, preferring nodes other than
+    `avoid_nodes`."""
     spec = job.spec
     if spec.command is not None:
         command, args = user_command(job, index), list(spec.args or [])
@@ -640,6 +659,8 @@ def build_worker_pod(
     )
     pod_spec = _pod_spec(job, [container])
     pod_spec["tolerations"] = [*pod_spec.get("tolerations", []), *node_lost_tolerations(job)]
+    if avoid_nodes:
+        pod_spec["affinity"] = avoiding(pod_spec.get("affinity"), avoid_nodes)
     pod_spec["hostname"] = names.worker_name(job.name, index)
     pod_spec["subdomain"] = job.name
     name = name or names.worker_name(job.name, index)
@@ -657,11 +678,12 @@ def build_worker_pods(
     settings: BuildSettings,
     indices: Iterable[int] | None = None,
     pod_names: Sequence[str] = (),
+    avoid_nodes: Sequence[str] = (),
 ) -> list[Obj]:
     chosen = list(range(job.spec.nodes) if indices is None else indices)
     named: Sequence[str | None] = pod_names or [None] * len(chosen)
     return [
-        build_worker_pod(job, i, attempt, settings, name)
+        build_worker_pod(job, i, attempt, settings, name, avoid_nodes)
         for i, name in zip(chosen, named, strict=True)
     ]
 
@@ -1033,9 +1055,11 @@ def build_children(
     settings: BuildSettings | None = None,
     indices: Iterable[int] | None = None,
     pod_names: Sequence[str] = (),
+    avoid_nodes: Sequence[str] = (),
 ) -> list[Obj]:
     """Everything the operator creates for `job` at `attempt` (only the worker pods in
-    `indices`, when given, under `pod_names` where given), in creation order: the
+    `indices`, when given, under `pod_names` where given, preferring nodes other than
+    `avoid_nodes`), in creation order: the
     NetworkPolicy before any pod, so none is open for a moment; pods last, since they name the
     ServiceAccount (and their PodGroup, which must exist before its pods are scheduled)."""
     settings = settings or BuildSettings()
@@ -1048,7 +1072,7 @@ def build_children(
         return [*guarded, *rbac, *grouped, build_mpijob(job, attempt, settings)]
     pods = [
         kueue.placed_by_topology(job, kueue.POD_SET, gang.join(job, p))
-        for p in build_worker_pods(job, attempt, settings, indices, pod_names)
+        for p in build_worker_pods(job, attempt, settings, indices, pod_names, avoid_nodes)
     ]
     return [build_service(job), *guarded, *rbac, *grouped, *pods]
 

@@ -402,7 +402,12 @@ class Controller:
         namespace, name = key
         if isinstance(action, CreateWorkers):
             children = build_children(
-                job, action.attempt, self.build_settings, action.indices, action.pod_names
+                job,
+                action.attempt,
+                self.build_settings,
+                action.indices,
+                action.pod_names,
+                action.avoid_nodes,
             )
             kopf.adopt(children, owner=kopf.Body(cast(kopf.RawBody, body)))
             pods = [c for c in children if c["kind"] == "Pod"]

@@ -73,6 +73,8 @@ MIN_PROGRESS_DEADLINE_SECONDS: Final = contract.MIN_PROGRESS_DEADLINE_SECONDS
 LEARNED_DEADLINE_FACTOR: Final = 5
 MIN_LEARNED_DEADLINE_SECONDS: Final = 2 * MIN_PROGRESS_DEADLINE_SECONDS
 STRAGGLER_RATIO: Final = contract.STRAGGLER_RATIO
+# How long the pods created after a worker was lost to its node prefer other nodes.
+AVOID_NODE_SECONDS: Final = 600
 # The taints the node controller puts on a node that stopped reporting (unreachable) or says
 # it is not ready; the taint manager evicts pods that do not tolerate them.
 NODE_LOST_TAINTS: Final = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")

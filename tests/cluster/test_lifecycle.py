@@ -331,6 +331,64 @@ def test_a_node_that_stops_reporting_restarts_its_jobs_elsewhere(
                 cluster.core.delete_node(node)
 
 
+def test_a_node_that_evicted_a_worker_is_avoided_by_the_next_pods(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """Two nodes of this test's own; the job's template prefers the first. Its worker there
+    is evicted under node pressure (as a kubelet does it: phase Failed, reason Evicted): the
+    group restarts, status.avoidedNodes names the node, and the next attempt's pod goes to
+    the other node, against the template's own preference."""
+    suffix = jobs.namespace[-6:]
+    label = {"kubeddp.io/test-node": suffix}
+    pressed, other = f"pressed-{suffix}", f"other-{suffix}"
+    for node in (pressed, other):
+        cluster.core.create_node(fake_node(node, label))
+    prefer_pressed = {
+        "weight": 10,
+        "preference": {
+            "matchFields": [{"key": "metadata.name", "operator": "In", "values": [pressed]}]
+        },
+    }
+    template = {
+        "nodeSelector": label,
+        "affinity": {
+            "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [prefer_pressed]}
+        },
+        "terminationGracePeriodSeconds": 1,
+    }
+    try:
+        jobs.create(job_manifest("pressed", nodes=1, template=template))
+        (first,) = jobs.wait_pods("pressed", 1, timeout=60)
+        assert first.spec.node_name == pressed
+        stopped = {"metadata": {"annotations": load_dev_cluster().controlplane.KUBELET_STOPPED}}
+        cluster.core.patch_namespaced_pod(first.metadata.name, jobs.namespace, stopped)
+        evicted = {
+            "status": {
+                "phase": "Failed",
+                "reason": "Evicted",
+                "message": "The node was low on resource: memory.",
+            }
+        }
+        cluster.core.patch_namespaced_pod_status(first.metadata.name, jobs.namespace, evicted)
+        (again,) = jobs.wait_pods("pressed", 1, attempt=1, timeout=120)
+        assert again.spec.node_name == other
+        status = jobs.status("pressed")
+        assert [(a["node"], a["reason"]) for a in status["avoidedNodes"]] == [(pressed, "Evicted")]
+        assert status["failure"]["node"] == pressed
+        said = [
+            e.message
+            for e in cluster.core.list_namespaced_event(
+                jobs.namespace, field_selector="involvedObject.name=pressed"
+            ).items
+            if e.reason == "WorkerFailed"
+        ]
+        assert any(f"prefer nodes other than {pressed} for 10 min" in m for m in said), said
+    finally:
+        for node in (pressed, other):
+            with contextlib.suppress(kubernetes.client.ApiException):
+                cluster.core.delete_node(node)
+
+
 STALLING_JOBS = 4
 PROGRESS_DEADLINE = 60  # the least runPolicy.progressDeadlineSeconds takes
 

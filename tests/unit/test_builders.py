@@ -1083,3 +1083,40 @@ def test_only_jobs_whose_image_holds_the_agent_restart_in_place() -> None:
     own_launcher = make_job(nodes=2, command=["torchrun", "--nnodes=2", "train.py"])
     assert not own_launcher.spec.restarts_in_place
     assert container_of(build_worker_pod(own_launcher, 1, 0, SETTINGS))["command"][0] == "torchrun"
+
+
+def test_pods_after_a_node_fault_prefer_other_nodes_beside_the_templates_affinity() -> None:
+    own = {"preference": {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}}
+    template = {
+        "affinity": {
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 10, **own}]
+            }
+        }
+    }
+    made = make_job(nodes=2, template=template)
+    pod = build_worker_pod(made, 1, 0, SETTINGS, avoid_nodes=("n7", "n1"))
+    validate_strict(pod)
+    preferred = pod["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert preferred == [
+        {"weight": 10, **own},
+        {
+            "weight": 100,
+            "preference": {
+                "matchFields": [
+                    {"key": "metadata.name", "operator": "NotIn", "values": ["n1", "n7"]}
+                ]
+            },
+        },
+    ]
+    assert (
+        len(
+            made.spec.template.affinity["nodeAffinity"][
+                "preferredDuringSchedulingIgnoredDuringExecution"
+            ]
+        )
+        == 1
+    )  # the template is left as it was
+    assert "affinity" not in worker({"nodes": 1})["spec"]

@@ -176,9 +176,9 @@ LOSSES = [
         (delete(1), SECOND_NAME),
     ),
     LossCase(
-        "worker 1's node lost: a pod already going",
+        "worker 1's node lost: a pod already going; its successor prefers another node",
         (up(0), pod(1, "Unknown", attempt=2, deleting=True, node="n1")),
-        (SECOND_NAME,),
+        (CreateWorkers(2, (1,), ("bar-worker-1-r1",), avoid_nodes=("n1",)),),
     ),
     LossCase(
         "worker 1's agent gave up on the rendezvous (88)",
@@ -385,3 +385,23 @@ def test_a_recreate_job_restarts_the_group_for_the_same_loss() -> None:
     decision = decide(recreated_job(attempt2()), [up(0)], NOW)
     assert decision.status.phase == "Restarting"
     assert decision.status.attempt == 3
+
+
+def test_a_node_a_worker_was_lost_to_is_avoided_for_a_while_then_preferred_again() -> None:
+    """NodeLost or an eviction under node pressure: status.avoidedNodes says so, the next
+    pods carry it for AVOID_NODE_SECONDS, and it goes once past; a program's own failure
+    avoids nothing."""
+    pressure = {"reason": "Evicted", "message": "The node was low on resource: memory."}
+    lost = decide(job(attempt2()), [up(0), pod(1, "Failed", attempt=2, node="n1", **pressure)], NOW)
+    assert [(a.node, a.reason) for a in lost.status.avoided_nodes] == [("n1", "Evicted")]
+    assert lost.status.avoided_nodes[0].until == NOW + timedelta(seconds=600)
+    assert "the next pods prefer nodes other than n1 for 10 min" in (
+        next(e.message for e in lost.events if e.reason == Reason.WORKER_REPLACED)
+    )
+    said = lost.status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    gone = decide(job(said), [up(0)], NOW)
+    assert gone.actions == (CreateWorkers(2, (1,), ("bar-worker-1",), avoid_nodes=("n1",)),)
+    later = decide(job(said), [up(0)], NOW + timedelta(seconds=601))
+    assert later.actions == (successor(1, "bar-worker-1"),)
+    crashed = pod(1, "Failed", attempt=2, node="n1", exit_code=137, reason="Error")
+    assert decide(job(attempt2()), [up(0), crashed], NOW).status.avoided_nodes == []

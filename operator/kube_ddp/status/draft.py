@@ -23,6 +23,7 @@ class CreateWorkers:
     attempt: int
     indices: tuple[int, ...]
     pod_names: tuple[str, ...] = ()
+    avoid_nodes: tuple[str, ...] = ()  # nodes the pods prefer not to run on
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Final
 
 from ddp_trainer import contract
 from kube_ddp import names
-from kube_ddp.api import DDPTrainingJob, Failure
+from kube_ddp.api import AvoidedNode, DDPTrainingJob, Failure
 from kube_ddp.reasons import PodReason, Reason
 from kube_ddp.status.draft import Draft
 from kube_ddp.status.lifecycle import Group, finish, record_preemption
@@ -175,7 +175,40 @@ def pod_failure(pod: PodView) -> WorkerFailure | None:
         message=message,
         finished_at=pod.finished_at or None,
         launcher=pod.role == names.MPI_LAUNCHER,
+        node=pod.node,
     )
+
+
+# A worker lost for these reasons was lost to its node: the next pods prefer other nodes.
+NODE_FAULTS: frozenset[str] = frozenset({PodReason.NODE_LOST, TakenAway.EVICTED})
+
+
+def avoid_lost_nodes(draft: Draft, job: DDPTrainingJob, failures: Iterable[WorkerFailure]) -> str:
+    """Note in status.avoidedNodes the nodes `failures` were lost to, for
+    `names.AVOID_NODE_SECONDS` (those past their time go); the words that say so, or "". The
+    torchrun launcher's pods only: the MPI Operator makes its own."""
+    if job.spec.launcher == "mpi":
+        return ""
+    until = draft.now + timedelta(seconds=names.AVOID_NODE_SECONDS)
+    lost = {f.node: f.reason for f in failures if f.reason in NODE_FAULTS and f.node}
+    if not lost and not draft.status.avoided_nodes:
+        return ""
+    kept = [
+        a
+        for a in draft.status.avoided_nodes
+        if a.node not in lost and a.until is not None and a.until > draft.now
+    ]
+    added = [AvoidedNode(node=node, reason=reason, until=until) for node, reason in lost.items()]
+    draft.update(avoided_nodes=sorted([*kept, *added], key=lambda a: a.node))
+    if not added:
+        return ""
+    minutes = names.AVOID_NODE_SECONDS // 60
+    return f"; the next pods prefer nodes other than {', '.join(sorted(lost))} for {minutes} min"
+
+
+def avoided_nodes(draft: Draft) -> tuple[str, ...]:
+    """The nodes the pods created now prefer not to run on."""
+    return tuple(a.node for a in draft.status.avoided_nodes if a.until and a.until > draft.now)
 
 
 def preempted_by(pod: PodView) -> str:
@@ -257,7 +290,7 @@ def fail_or_restart(
         message = (
             f"{first.describe()}; restarting the group "
             f"(restart {restarts} of at most {policy.backoff_limit})"
-        )
+        ) + avoid_lost_nodes(draft, job, failures)
         attempt = draft.status.current_attempt + 1
         draft.update(restarts=restarts, attempt=attempt, in_place_restarts=0, replacing=[])
         draft.condition("Restarting", "True", failed, message)

@@ -14,6 +14,8 @@ from kube_ddp.reasons import PodReason, Reason
 from kube_ddp.status.draft import CreateWorkers, Draft, Event
 from kube_ddp.status.failures import (
     WorkerFailure,
+    avoid_lost_nodes,
+    avoided_nodes,
     failure_of,
     is_retryable,
     node_lost,
@@ -153,7 +155,7 @@ def replace(
         message = (
             f"{failure.describe()}; replacing that pod alone, its peers wait for it "
             f"(restart {restarts} of at most {limit})"
-        )
+        ) + avoid_lost_nodes(draft, job, [failure])
         draft.update(restarts=restarts, failure=failure_of(failure))
         draft.events.append(Event("Warning", Reason.WORKER_REPLACED, message))
         draft.condition("Restarting", "True", Reason.WORKER_REPLACED, message)
@@ -189,6 +191,7 @@ def go_on_replacing(
                 attempt=draft.status.current_attempt,
                 indices=tuple(successors),
                 pod_names=tuple(successors.values()),
+                avoid_nodes=avoided_nodes(draft),
             )
         )
     others = [i for i in draft.status.replacing if i not in chosen]

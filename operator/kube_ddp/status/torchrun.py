@@ -12,6 +12,7 @@ from kube_ddp.reasons import PodReason, Reason
 from kube_ddp.status.draft import CreateWorkers, Draft, Event
 from kube_ddp.status.failures import (
     WorkerFailure,
+    avoided_nodes,
     awaiting_the_cause,
     cause_first,
     fail_or_restart,
@@ -193,7 +194,8 @@ def _hung(job: DDPTrainingJob, stall: Stall) -> WorkerFailure:
 
 def _create(draft: Draft, job: DDPTrainingJob, attempt: int, indices: list[int]) -> None:
     """Create the group for this attempt (first start, after a restart, or on resume)."""
-    draft.actions.append(CreateWorkers(attempt=attempt, indices=tuple(indices)))
+    avoid = avoided_nodes(draft)
+    draft.actions.append(CreateWorkers(attempt=attempt, indices=tuple(indices), avoid_nodes=avoid))
     if 0 in indices:  # a new group: its agents count their restarts in place from 0
         draft.update(in_place_restarts=0, replacing=[])
     workers = draft.status.workers or WorkerCounts()
