@@ -10,7 +10,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_TEMPORARY
-from ddp_trainer.torchrun import cause, exit_code
+from ddp_trainer.rank_exits import cause, exit_code
 from tests.trainer import support
 
 # Rank 1 ends as argv[1] says once the group is up; rank 0 waits in a collective until torchrun
