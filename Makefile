@@ -30,7 +30,7 @@ help:
 	@echo "make test            lint + all test tiers (unit, trainer, cluster, e2e)"
 	@echo "make test-kind       on kind (podman, a local node image): docs/install.md's kind lines,"
 	@echo "                     then the e2e tier (about 20 min and 20 GB of disk; not in make test)"
-	@echo "make lint            ruff, mypy (--strict on hack/devcluster), the layer contract"
+	@echo "make lint            ruff, mypy (strict: both packages and hack/devcluster), the layers"
 	@echo "                     (lint-imports), hadolint, actionlint"
 	@echo "make crds            regenerate the CRD (manifests/ and the chart's crds/) from the API models"
 	@echo "make manifests       crds + the chart's generated files + manifests/install.yaml"
