@@ -21,14 +21,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SYNCED := $(VENV)/.synced
 
-.PHONY: help venv test test-kind lint fmt crds manifests demo bench release-check cluster-build cluster-up cluster-down cluster-status clean
+.PHONY: help venv check test test-kind lint fmt crds manifests demo bench release-check cluster-build cluster-up cluster-down cluster-status clean
 
 help:
 	@echo "make demo            run the example job locally: 2 CPU workers (digits), no download"
+	@echo "make check           lint + the tests that need no cluster, no torch process and no"
+	@echo "                     network (tests/unit less those marked trainer): under a minute"
 	@echo "make test            lint + all test tiers (unit, trainer, cluster, e2e)"
 	@echo "make test-kind       on kind (podman, a local node image): docs/install.md's kind lines,"
 	@echo "                     then the e2e tier (about 20 min and 20 GB of disk; not in make test)"
-	@echo "make lint            ruff, mypy (--strict on hack/devcluster), the layer contract"
+	@echo "make lint            ruff, mypy (strict: both packages and hack/devcluster), the layers"
 	@echo "                     (lint-imports), hadolint, actionlint"
 	@echo "make crds            regenerate the CRD (manifests/ and the chart's crds/) from the API models"
 	@echo "make manifests       crds + the chart's generated files + manifests/install.yaml"
@@ -64,6 +66,11 @@ lint: venv
 fmt: venv
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# Every commit's check (CONTRIBUTING.md): the unit tier less its tests that start torch
+# processes (marked trainer); what needs a cluster or a node lives in other tiers.
+check: lint
+	$(PY) -m pytest -q tests/unit -m "not (trainer or cluster or e2e)"
 
 test: lint
 	$(PY) -m pytest

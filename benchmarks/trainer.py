@@ -20,8 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 COMMAND = "make bench"  # = python -m benchmarks all --repeats 3
@@ -143,6 +141,8 @@ def cpu_description() -> tuple[str, bool]:
 
 
 def run(args: argparse.Namespace) -> str:
+    import torch  # here, not at the top: the recovery report's tests import cpu_description
+
     repeats = 1 if args.quick else args.repeats
     mlp = MLP if not args.quick else (*MLP, "--synthetic-samples=5120")
     wrn = (*WRN, WRN_EPOCHS) if not args.quick else (*WRN, "--synthetic-samples=512", "--epochs=2")
@@ -243,6 +243,8 @@ def _overhead_row(model: str, rates: dict[str, Rate]) -> str:
 
 def gpu_lines(repeats: int) -> list[str]:
     """ResNet-18 images/s on CIFAR-shaped data on one GPU, where CUDA is available."""
+    import torch
+
     if not torch.cuda.is_available():
         return [
             "GPU figures (CIFAR-10 ResNet-18 images/s, Fashion-MNIST WRN time to 90%): not "

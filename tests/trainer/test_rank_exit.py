@@ -7,10 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_TEMPORARY
-from ddp_trainer.torchrun import cause, exit_code
 from tests.trainer import support
 
 # Rank 1 ends as argv[1] says once the group is up; rank 0 waits in a collective until torchrun
@@ -64,23 +62,6 @@ def test_a_run_that_succeeds_exits_0(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n")
     assert support.run(wrapped_torchrun(script, "unused")).returncode == 0
-
-
-def failure(exitcode: int, timestamp: int) -> ProcessFailure:
-    ended = ProcessFailure(local_rank=0, pid=1, exitcode=exitcode, error_file="<N/A>")
-    ended.timestamp = timestamp
-    return ended
-
-
-def test_the_cause_is_the_killed_rank_not_the_peer_that_saw_it_die_first() -> None:
-    """torchrun's first failure is by time in whole seconds: a healthy rank's lost-peer exit
-    can be written down before its killed peer is noticed."""
-    assert cause({0: failure(EXIT_PEER_LOST, 10), 1: failure(-9, 11)})[0] == 1
-    assert cause({0: failure(EXIT_PEER_LOST, 10), 1: failure(1, 11)})[0] == 1
-    assert cause({0: failure(78, 12), 1: failure(1, 11)})[0] == 1
-    # torchrun lists the ranks it stopped itself after the one that failed
-    assert cause({1: failure(1, 11), 0: failure(-15, 11)})[0] == 1
-    assert exit_code(-9) == 137 and exit_code(EXIT_TEMPORARY) == EXIT_TEMPORARY
 
 
 # The trainer's own entry point, with an exit handler that says whether the interpreter tore

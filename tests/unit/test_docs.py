@@ -1,5 +1,5 @@
 """The repository's own references hold: every path a file names exists in a clone, and the
-design document lists the reasons the code writes."""
+design document lists the reasons the code writes and the modules it is made of."""
 
 from __future__ import annotations
 
@@ -83,6 +83,44 @@ def test_the_design_lists_every_reason(vocabulary: type[Reason] | type[PodReason
     design = (REPO / "docs" / "design.md").read_text()
     listed = set(re.findall(r"^\| `(\w+)` \|", design, flags=re.MULTILINE))
     assert {reason.value for reason in vocabulary} <= listed
+
+
+# design.md's module tables, by heading, and the package each describes.
+MODULE_TABLES = {
+    "### Operator modules": REPO / "operator" / "kube_ddp",
+    "### Trainer modules": REPO / "trainer_image" / "ddp_trainer",
+}
+
+
+def module_rows(heading: str) -> list[tuple[str, str]]:
+    """(module cell, description cell) of each row of the table under `heading`."""
+    design = (REPO / "docs" / "design.md").read_text()
+    section = design.split(f"\n{heading}\n", 1)[1].split("\n#", 1)[0]
+    rows = [line[1:].split(" | ", 1) for line in section.splitlines() if line.startswith("| `")]
+    return [(cell, description) for cell, description in rows]
+
+
+@pytest.mark.parametrize("heading", MODULE_TABLES)
+def test_the_design_s_module_tables_list_every_module_and_no_other(heading: str) -> None:
+    """A row names modules (`api.py`) or a package (`status/`), whose modules its description
+    names (`views`): every module of the package is in a row, and every row's name exists."""
+    package = MODULE_TABLES[heading]
+    modules = {
+        str(path.relative_to(package))
+        for path in [*package.glob("*.py"), *package.glob("*/*.py")]
+        if path.name != "__init__.py"
+    }
+    named: set[str] = set()
+    described: set[str] = set()
+    for cell, description in module_rows(heading):
+        for name in re.findall(r"`([\w/.]+)`", cell):
+            named.add(name)
+            if name.endswith("/"):
+                described |= {f"{name}{word}.py" for word in re.findall(r"`(\w+)`", description)}
+    missing = sorted(modules - named - described)
+    assert not missing, f"design.md's {heading} has no row for {missing}"
+    gone = sorted(name for name in named if not (package / name).exists())
+    assert not gone, f"design.md's {heading} has rows for no module: {gone}"
 
 
 def test_the_gaudi_example_names_the_image_install_md_builds_with_mpi() -> None:

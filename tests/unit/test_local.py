@@ -498,6 +498,7 @@ def test_run_without_local_says_how_to_run_on_a_cluster() -> None:
     assert "pass --local" in done.stderr and "kubectl apply -f" in done.stderr
 
 
+@pytest.mark.trainer  # torchrun's agents, one per pod
 def test_a_lost_worker_of_a_job_that_restarts_in_place_is_replaced_alone(tmp_path: Path) -> None:
     """Each pod runs the agent (ddp_trainer.torchrun, c10d rendezvous on worker 0's store).
     Worker 1's agent dies by SIGKILL (its pod lost): only worker 1 is created again, under the
@@ -536,6 +537,7 @@ def test_a_lost_worker_of_a_job_that_restarts_in_place_is_replaced_alone(tmp_pat
     assert "restarts      1" in done.stderr
 
 
+@pytest.mark.trainer  # torchrun's agents, one per pod
 def test_a_killed_rank_restarts_in_place_and_is_counted(tmp_path: Path) -> None:
     """A rank of worker 1 is SIGKILLed (137, retryable): its agent restarts it in place, worker
     0's agent follows (the group re-forms), the agent reports it to the runner's endpoint, and

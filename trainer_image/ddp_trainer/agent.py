@@ -4,7 +4,7 @@
 adds the failure rules of kube-ddp to it (docs/design.md, "Restarts in place: what a pod's
 agent does"). After each look at its ranks (`_monitor_workers`, private to torch, wrapped by
 `install`), a failed group is judged by the rank whose failure caused the others
-(`torchrun.cause`):
+(`rank_exits.cause`):
 
 - every failed rank exited 86 (contract.EXIT_PREEMPTED) and this agent was not signalled (a
   signal to it raises out of torch's loop before any look): a peer pod was SIGTERMed and the
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ddp_trainer import contract
+from ddp_trainer.rank_exits import PROG, cause, exit_code, how_it_ended
 from ddp_trainer.report import StatusReporter, now_utc, stamp
-from ddp_trainer.torchrun import PROG, cause, exit_code, how_it_ended
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure

@@ -15,6 +15,11 @@ from typing import Final
 API_GROUP: Final = "kubeddp.io"
 API_VERSION: Final = "v1alpha1"
 API_PLURAL: Final = "ddptrainingjobs"
+# Where rank 0 reports instead of the in-cluster API server, and the token and CA it uses there:
+# `kube-ddp run --local` (and the tests) set them; unset, the pod's service account's are used.
+API_SERVER_ENV: Final = "KUBEDDP_API_SERVER"
+TOKEN_FILE_ENV: Final = "KUBEDDP_TOKEN_FILE"
+CA_FILE_ENV: Final = "KUBEDDP_CA_FILE"
 
 # --- how a worker runs the trainer ----------------------------------------------------------
 TRAINER_MODULE: Final = "ddp_trainer"  # python -m ddp_trainer

@@ -36,10 +36,6 @@ from ddp_trainer import contract
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-# Where to report instead of the in-cluster API server (tests, and `kube-ddp run --local`).
-API_SERVER_ENV = "KUBEDDP_API_SERVER"
-TOKEN_FILE_ENV = "KUBEDDP_TOKEN_FILE"
-CA_FILE_ENV = "KUBEDDP_CA_FILE"
 FIRST_BACKOFF_S = 5.0
 MAX_BACKOFF_S = 300.0
 REQUEST_TIMEOUT_S = 5.0
@@ -246,12 +242,12 @@ class StatusReporter:
         name, namespace = env.get(contract.JOB_NAME), env.get(contract.JOB_NAMESPACE)
         if not (name and namespace):
             return None
-        api_server = env.get(API_SERVER_ENV) or _in_cluster_api_server(env)
-        token_file = Path(env.get(TOKEN_FILE_ENV) or SERVICE_ACCOUNT_DIR / "token")
+        api_server = env.get(contract.API_SERVER_ENV) or _in_cluster_api_server(env)
+        token_file = Path(env.get(contract.TOKEN_FILE_ENV) or SERVICE_ACCOUNT_DIR / "token")
         if not api_server or not token_file.is_file():
             log.info("not reporting progress: no API server address or no token at %s", token_file)
             return None
-        ca_file = Path(env.get(CA_FILE_ENV) or SERVICE_ACCOUNT_DIR / "ca.crt")
+        ca_file = Path(env.get(contract.CA_FILE_ENV) or SERVICE_ACCOUNT_DIR / "ca.crt")
         return cls(status_url(api_server, namespace, name), token_file, ca_file)
 
     def report(self, patch: dict[str, Any], final: bool = False) -> bool:

@@ -18,57 +18,18 @@ Standard library and torch only: it runs in any image that has both and this pac
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
-from ddp_trainer import warm
+from ddp_trainer import agent, warm
 from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED, SIGNALLED
+from ddp_trainer.rank_exits import PROG, cause, exit_code, how_it_ended
 
-if TYPE_CHECKING:
-    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-
-PROG = "ddp_trainer.torchrun"
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 SHUTDOWN_TIMEOUT_S = 3600  # torchrun's own default, 30 s, would SIGKILL a rank mid-save
-
-
-def cause(failures: Mapping[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
-    """The failed rank that caused the others. Not torchrun's own first failure: its times have
-    a resolution of a second, and a healthy rank that saw its peer die may be written down
-    before the killed one is noticed. So: a rank torchrun stopped itself (SIGTERM, once one had
-    failed; it lists them too) last; then a rank killed by a signal, then one that did not exit
-    for a lost peer (its peers' collectives broke because of it); then the earliest, and within
-    a second, the one torchrun saw first (its failures are listed in the order it saw them)."""
-    ranked = [
-        (
-            failure.exitcode == -signal.SIGTERM,
-            failure.exitcode >= 0,
-            failure.exitcode == EXIT_PEER_LOST,
-            failure.timestamp,
-            position,
-            rank,
-        )
-        for position, (rank, failure) in enumerate(failures.items())
-    ]
-    rank = min(ranked)[-1]
-    return rank, failures[rank]
-
-
-def exit_code(rank_exit: int) -> int:
-    """A rank's end as its own process's exit code: torch reports a signal n as -n."""
-    return SIGNALLED - rank_exit if rank_exit < 0 else rank_exit
-
-
-def how_it_ended(rank_exit: int) -> str:
-    if rank_exit >= 0:
-        return f"exited with code {rank_exit}"
-    try:
-        name = signal.Signals(-rank_exit).name
-    except ValueError:
-        name = f"signal {-rank_exit}"
-    return f"was killed by {name}"
 
 
 def local_ranks(argv: Sequence[str]) -> int | None:
@@ -90,10 +51,6 @@ def rank_command(args: Any, python: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import os
-
-    from ddp_trainer import agent
-
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, str(SHUTDOWN_TIMEOUT_S))
     os.environ.setdefault(agent.OWN_WORKER_STORE_ENV, "1")
@@ -113,15 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: Any, ranks: warm.WarmRanks) -> int:
-    import os
-
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import run
-
-    from ddp_trainer import agent
 
     args.rdzv_conf = agent.with_fast_rendezvous(args.rdzv_conf or "")
     agent.poll_rendezvous_every(agent.rendezvous_poll_s(args.nnodes))

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ddp_trainer import report
+from ddp_trainer import contract
 from kube_ddp import names
 from kube_ddp.api import DDPTrainingJob, load_job
 from kube_ddp.builders import BuildSettings, build_children
@@ -235,8 +235,8 @@ def _local_extras(
         devices = list(local.machine.gpus[index * per_node : (index + 1) * per_node])
     extras = {
         "CUDA_VISIBLE_DEVICES": ",".join(devices),  # empty: a cpu pod sees no GPU
-        report.API_SERVER_ENV: local.api_server,
-        report.TOKEN_FILE_ENV: str(local.token_file),
+        contract.API_SERVER_ENV: local.api_server,
+        contract.TOKEN_FILE_ENV: str(local.token_file),
         "PYTHONUNBUFFERED": "1",  # worker logs as they happen, not when a pipe buffer fills
     }
     if "OMP_NUM_THREADS" not in pod_env:
