@@ -18,7 +18,7 @@ import errno
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 from ddp_trainer import contract
@@ -111,15 +111,25 @@ def exit_peer_lost(prog: str, exc: BaseException) -> NoReturn:
     end_process(contract.EXIT_PEER_LOST)
 
 
+# What must be written out before `end_process` exits, called with the exit code: registered
+# by the modules above this one (`tracking` closes the training curves still open).
+_BEFORE_EXIT: list[Callable[[int], None]] = []
+
+
+def before_exit(hook: Callable[[int], None]) -> None:
+    """Have `end_process` call `hook(code)` before the process ends (once per hook)."""
+    if hook not in _BEFORE_EXIT:
+        _BEFORE_EXIT.append(hook)
+
+
 def end_process(code: int) -> NoReturn:
     """Exit with `code`; once torch is loaded, without the interpreter's teardown. Gloo's worker
     threads outlive destroy_process_group, and one that drops the last reference to a finished
     collective's tensors while the interpreter finalizes takes a GIL that is gone: std::terminate,
     and SIGABRT's 134 in place of `code` (a finished rank then looks failed). Training curves
-    still open are written out first (`tracking.close_open`)."""
-    from ddp_trainer import tracking
-
-    tracking.close_open(code)
+    still open are written out first (`before_exit`)."""
+    for hook in list(_BEFORE_EXIT):
+        hook(code)
     if "torch" not in sys.modules:
         sys.exit(code)
     logging.shutdown()

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Protocol, SupportsFloat
 
+from ddp_trainer import errors
 from ddp_trainer.contract import EXIT_PREEMPTED
 
 log = logging.getLogger(__name__)
@@ -134,3 +135,4 @@ def _at_exit() -> None:
 
 
 atexit.register(_at_exit)
+errors.before_exit(close_open)
