@@ -447,6 +447,63 @@ def test_jobs_whose_rank_0_goes_quiet_restart_at_their_progress_deadline(
         assert jobs.status(name).get("restarts", 0) == 0, jobs.status(name).get("failure")
 
 
+def patch_training(jobs: Jobs, name: str, training: dict[str, Any]) -> None:
+    jobs.cluster.custom_objects.patch_namespaced_custom_object_status(
+        names.GROUP,
+        names.VERSION,
+        jobs.namespace,
+        names.PLURAL,
+        name,
+        {"status": {"training": training}},
+    )
+
+
+def test_a_hang_names_the_rank_rank_0_found_and_a_job_without_a_deadline_learns_one(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """The test plays rank 0 of two jobs that go quiet. One sets progressDeadlineSeconds and
+    says, as rank 0's ledger thread does, that the group waits on worker 1: its failure names
+    worker 1, its node and rank. The other sets none and said its longest gap between reports
+    (5 s, once an epoch ended): it restarts at the learned deadline, 120 s, the minimum."""
+    jobs.create(job_manifest("named", nodes=2, runPolicy={"progressDeadlineSeconds": 60}))
+    jobs.create(job_manifest("learned", nodes=2))
+    for name in ("named", "learned"):
+        jobs.wait_pods(name, 2, timeout=60)
+        report_step(jobs, name, step=14)
+    patch_training(jobs, "learned", {"longestReportGapSeconds": 5.0})
+    worker_1 = next(p for p in jobs.pods("named") if p.metadata.name.endswith("-worker-1"))
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    said = (
+        f"rank 1 (pod named-worker-1, node {worker_1.spec.node_name}) stopped first, at step "
+        "13: 1 collective(s) behind the others"
+    )
+    found = {
+        "rank": 1,
+        "pod": "named-worker-1",
+        "node": worker_1.spec.node_name,
+        "step": 13,
+        "message": said,
+        "checkedAt": stamp,
+    }
+    patch_training(jobs, "named", {"stall": found})
+    quiet = time.monotonic()
+    wait_for(lambda: jobs.status("named").get("restarts", 0) >= 1, "named to restart", 120)
+    failure = jobs.status("named")["failure"]
+    assert (failure["pod"], failure["node"], failure["rank"]) == (
+        "named-worker-1",
+        worker_1.spec.node_name,
+        1,
+    ), failure
+    assert failure["message"].startswith(f"{said} (found by rank 0); rank 0 last reported")
+    assert jobs.status("learned").get("restarts", 0) == 0
+    wait_for(lambda: jobs.status("learned").get("restarts", 0) >= 1, "learned to restart", 180)
+    took = time.monotonic() - quiet
+    print(f"learned deadline: restart {took:.0f} s after the last report")
+    assert took >= 120
+    failure = jobs.status("learned")["failure"]
+    assert "the learned progress deadline (120s: 5 x the longest gap" in failure["message"]
+
+
 def fake_node(name: str, labels: dict[str, str]) -> dict[str, Any]:
     """A node kwok plays the kubelet for (see hack/nodes.yaml)."""
     capacity = {"cpu": "32", "memory": "128Gi", "pods": "110"}

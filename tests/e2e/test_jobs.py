@@ -23,12 +23,14 @@ import kubernetes
 import pytest
 import yaml
 
+from ddp_trainer import contract
 from kube_ddp import names
 from kube_ddp.reasons import Reason
 from tests.cluster.operator_support import Jobs, job_manifest
 from tests.cluster.support import REPO, wait_for
+from tests.cpu_quota import cpu_quota
 from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE
-from tests.e2e.platform import DevPlatform, Platform
+from tests.e2e.platform import DevPlatform, Platform, container_pid
 
 # Small, real training: scikit-learn's bundled digits (no download), two CPU workers (gloo).
 DIGITS = {"dataset": "digits", "batchSize": 32, "device": "cpu", "timeoutSeconds": 120}
@@ -229,6 +231,41 @@ def test_a_hung_rank_restarts_the_group_at_the_progress_deadline(
     assert Reason.PROGRESS_DEADLINE_EXCEEDED in jobs.events("hang")
     assert "resuming at step" in logs(jobs, "hang-worker-0")
     assert took <= PROGRESS_DEADLINE + 30 + 10  # the last report is at most a heartbeat old
+
+
+def test_a_rank_slowed_on_its_node_is_named_a_straggler_on_the_job(
+    platform: Platform, jobs: Jobs
+) -> None:
+    """Worker 1's rank is given a fifth of a core (a cgroup's CPU quota, from the node): the
+    job's Straggler condition names it, with a Warning Event, and says it no more once the
+    quota is lifted."""
+    if not isinstance(platform, DevPlatform):
+        pytest.skip("the node is this machine on the dev cluster only")
+    trainer = {**DIGITS, "model": "wide-resnet", "wrnDepth": 10, "wrnWidth": 1, "epochs": 400}
+    heartbeat = [{"name": contract.HEARTBEAT_ENV, "value": "2"}]
+    jobs.create(cpu_job(platform, "slow", trainer=trainer, env=heartbeat))
+    wait_for_two_epochs(jobs, "slow")
+    worker_1 = jobs.cluster.core.read_namespaced_pod("slow-worker-1", jobs.namespace)
+    agent = container_pid(worker_1)
+    (rank,) = (int(pid) for pid in Path(f"/proc/{agent}/task/{agent}/children").read_text().split())
+
+    def straggler() -> dict[str, Any]:
+        return condition_of(jobs.status("slow"), "Straggler")
+
+    def names_rank_1() -> bool:
+        said = straggler()
+        return said.get("status") == "True" and said["message"].startswith(
+            f"rank 1 (pod slow-worker-1, node {worker_1.spec.node_name}) takes "
+        )
+
+    with cpu_quota(f"kubeddp-e2e-straggler-{os.getpid()}") as quota:
+        quota.slow(rank)
+        slowed = time.monotonic()
+        wait_for(names_rank_1, "Straggler=True naming rank 1", timeout=120)
+        print(f"straggler named {time.monotonic() - slowed:.0f} s after: {straggler()['message']}")
+        assert Reason.STRAGGLER_DETECTED in jobs.events("slow")
+        quota.release(rank)
+        wait_for(lambda: not names_rank_1(), "rank 1 no longer the straggler", timeout=120)
 
 
 @contextlib.contextmanager
