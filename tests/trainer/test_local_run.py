@@ -212,7 +212,11 @@ def test_the_demo_job_reaches_its_target_printing_the_readme_s_transcript() -> N
     for line in readme_transcript():
         pattern = transcript_pattern(line)
         found = next((i for i in range(at, len(said)) if pattern.fullmatch(said[i])), None)
-        assert found is not None, f"the README's line, not printed after line {at}:\n{line}"
+        rows = [s for s in said if s.startswith("digits-worker-")]
+        assert found is not None, (
+            f"the README's line, not printed after line {at}:\n{line}\nthe workers' rows:\n"
+            + "\n".join(rows)
+        )
         at = found + 1
 
 
