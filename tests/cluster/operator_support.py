@@ -102,6 +102,17 @@ class Jobs:
     def status(self, name: str) -> dict[str, Any]:
         return dict(self.get(name).get("status") or {})
 
+    def report_training(self, name: str, training: dict[str, Any]) -> None:
+        """Merge `training` into the job's status.training, as rank 0 of the trainer does."""
+        self.cluster.custom_objects.patch_namespaced_custom_object_status(
+            names.GROUP,
+            names.VERSION,
+            self.namespace,
+            names.PLURAL,
+            name,
+            {"status": {"training": training}},
+        )
+
     def delete(self, name: str) -> None:
         self.cluster.custom_objects.delete_namespaced_custom_object(
             names.GROUP, names.VERSION, self.namespace, names.PLURAL, name

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kube_ddp import names
 from tests.cluster.operator_support import Jobs, OperatorProcess, job_manifest
 from tests.cluster.support import Cluster
 
@@ -42,14 +41,7 @@ def report_progress(jobs: Jobs, name: str) -> None:
         "imagesPerSec": 1234.0,
         "updatedAt": "2026-11-23T16:00:00Z",
     }
-    jobs.cluster.custom_objects.patch_namespaced_custom_object_status(
-        names.GROUP,
-        names.VERSION,
-        jobs.namespace,
-        names.PLURAL,
-        name,
-        {"status": {"training": training}},
-    )
+    jobs.report_training(name, training)
 
 
 def test_describe_shows_a_restarted_job_on_one_screen(

@@ -401,9 +401,7 @@ def report_step(jobs: Jobs, name: str, step: int) -> None:
         epoch=3, epochs=10, step=step, steps_per_epoch=100, remaining_seconds=600
     )
     training.update(position)
-    jobs.cluster.custom_objects.patch_namespaced_custom_object_status(
-        names.GROUP, names.VERSION, jobs.namespace, names.PLURAL, name, patch
-    )
+    jobs.report_training(name, training)
 
 
 def test_jobs_whose_rank_0_goes_quiet_restart_at_their_progress_deadline(
@@ -447,17 +445,6 @@ def test_jobs_whose_rank_0_goes_quiet_restart_at_their_progress_deadline(
         assert jobs.status(name).get("restarts", 0) == 0, jobs.status(name).get("failure")
 
 
-def patch_training(jobs: Jobs, name: str, training: dict[str, Any]) -> None:
-    jobs.cluster.custom_objects.patch_namespaced_custom_object_status(
-        names.GROUP,
-        names.VERSION,
-        jobs.namespace,
-        names.PLURAL,
-        name,
-        {"status": {"training": training}},
-    )
-
-
 def test_a_hang_names_the_rank_rank_0_found_and_a_job_without_a_deadline_learns_one(
     cluster: Cluster, jobs: Jobs, operator: OperatorProcess
 ) -> None:
@@ -470,7 +457,7 @@ def test_a_hang_names_the_rank_rank_0_found_and_a_job_without_a_deadline_learns_
     for name in ("named", "learned"):
         jobs.wait_pods(name, 2, timeout=60)
         report_step(jobs, name, step=14)
-    patch_training(jobs, "learned", {"longestReportGapSeconds": 5.0})
+    jobs.report_training("learned", {"longestReportGapSeconds": 5.0})
     worker_1 = next(p for p in jobs.pods("named") if p.metadata.name.endswith("-worker-1"))
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     said = (
@@ -485,7 +472,7 @@ def test_a_hang_names_the_rank_rank_0_found_and_a_job_without_a_deadline_learns_
         "message": said,
         "checkedAt": stamp,
     }
-    patch_training(jobs, "named", {"stall": found})
+    jobs.report_training("named", {"stall": found})
     quiet = time.monotonic()
     wait_for(lambda: jobs.status("named").get("restarts", 0) >= 1, "named to restart", 120)
     failure = jobs.status("named")["failure"]

@@ -8,11 +8,11 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ddp_trainer import contract
+from tests.cluster.support import wait_for
 from tests.cpu_quota import QUOTA_SHARE, cpu_quota
 from tests.trainer import support
 from tests.trainer.support import FakeApiServer
@@ -48,15 +48,6 @@ def latest(api_server: FakeApiServer) -> dict[str, Any] | None:
     return said[-1] if said else None
 
 
-def wait_for(what: str, ready: Callable[[], bool], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ready():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_a_rank_given_a_fifth_of_a_core_is_named_and_cleared_when_it_recovers(
     api_server: FakeApiServer, token_file: Path, tmp_path: Path
 ) -> None:
@@ -83,20 +74,21 @@ def test_a_rank_given_a_fifth_of_a_core_is_named_and_cleared_when_it_recovers(
     ):
         try:
             rank_1 = rank_pid(run.pid, 1)
-            wait_for("a first report", lambda: bool(api_server.requests))
+            wait_for(lambda: bool(api_server.requests), "a first report", 120)
             time.sleep(3)  # some steps at full speed (two ranks on two shared cores: either
             # may be found slower for a while when the machine is busy, as it should be)
             quota.slow(rank_1)
             wait_for(
-                "rank 1 named",
                 lambda: latest(api_server) is not None and latest(api_server)["rank"] == 1,
+                "rank 1 named",
+                120,
             )
             named = latest(api_server)
             assert named is not None and named["slowerBy"] >= contract.STRAGGLER_RATIO, named
             assert named["message"].startswith("rank 1 (pod "), named
             print(f"rank 1 at {QUOTA_SHARE:.0%} of a core: {named['message']}")
             quota.release(rank_1)
-            wait_for("rank 1 cleared", lambda: (latest(api_server) or {}).get("rank") != 1)
+            wait_for(lambda: (latest(api_server) or {}).get("rank") != 1, "rank 1 cleared", 120)
         finally:
             os.killpg(run.pid, 9)
             run.wait()
