@@ -43,6 +43,8 @@ class Summary:
     images_per_sec: float  # training throughput of this run, first epoch excluded when >1
     stopped_early: bool
     resumed_from_epoch: int | None
+    first_epoch_seconds: float = 0.0  # training time of this run's first epoch: compile, warm-up
+    peak_device_memory_mib: float | None = None  # torch's allocator peak on a GPU, else None
 
 
 def epoch_line(metrics: EpochMetrics) -> str:

@@ -779,6 +779,12 @@ class Recipe:
             images_per_sec=images / seconds if seconds else 0.0,
             stopped_early=self.progress.stopped_early,
             resumed_from_epoch=self.resumed_from,
+            first_epoch_seconds=self.epoch_timings[0][1] if self.epoch_timings else 0.0,
+            peak_device_memory_mib=(
+                torch.cuda.max_memory_allocated(self.device) / 2**20
+                if self.device.type == "cuda"
+                else None
+            ),
         )
         if self.world.is_main:
             if self.options.summary_file:
