@@ -3,7 +3,7 @@
 Every figure is training throughput (images/s summed over ranks, epochs after the first, no
 evaluation) reported by the runs themselves, the median of --repeats runs. The runs of one
 group are interleaved (A, B, C, A, B, C, ...) so that load from other work on a shared machine
-falls on every variant alike. Where CUDA is available, a GPU figure is added.
+falls on every variant alike. GPU figures are benchmarks/gpu.py's.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -72,6 +73,10 @@ class Variant:
         return [*launcher, "-m", self.module, *args]
 
     def images_per_sec(self, workload: tuple[str, ...]) -> float:
+        return float(self.result(workload)["images_per_sec"])
+
+    def result(self, workload: tuple[str, ...], timeout_s: int = 900) -> dict[str, Any]:
+        """What the run reports: ddp_trainer's summary, or the reference loop's last line."""
         with tempfile.TemporaryDirectory() as scratch:
             summary = Path(scratch) / "summary.json"
             done = subprocess.run(
@@ -80,14 +85,14 @@ class Variant:
                 cwd=scratch,
                 capture_output=True,
                 text=True,
-                timeout=900,
+                timeout=timeout_s,
                 check=False,
             )
             if done.returncode != 0:
                 raise RuntimeError(f"{self.label} failed:\n{done.stdout}\n{done.stderr}")
             if self.module == "ddp_trainer":
-                return float(json.loads(summary.read_text())["images_per_sec"])
-            return float(json.loads(done.stdout.strip().splitlines()[-1])["images_per_sec"])
+                return dict(json.loads(summary.read_text()))
+            return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def measure(
@@ -230,7 +235,7 @@ def run(args: argparse.Namespace) -> str:
         "gradient_as_bucket_view, and bf16 autocast where the hardware computes bf16 (the "
         "precision column; its CPU default is fp32).",
         "",
-        *gpu_lines(repeats),
+        "GPU figures: the GPU section (`python -m benchmarks gpu`).",
     ]
     return "\n".join(lines)
 
@@ -239,25 +244,3 @@ def _overhead_row(model: str, rates: dict[str, Rate]) -> str:
     plain, ddp = rates["ddp_trainer, no DDP"], rates["ddp_trainer, DDP"]
     overhead = (plain.median - ddp.median) / plain.median * 100
     return f"| {model} | {plain} | {ddp} | {overhead:+.1f}% |"
-
-
-def gpu_lines(repeats: int) -> list[str]:
-    """ResNet-18 images/s on CIFAR-shaped data on one GPU, where CUDA is available."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return [
-            "GPU figures (CIFAR-10 ResNet-18 images/s, Fashion-MNIST WRN time to 90%): not "
-            "measured, this machine has no GPU. On a machine with CUDA the same command adds "
-            "a ResNet-18 row.",
-        ]
-    workload = ("--model=resnet18", "--synthetic-samples=20000", "--epochs=3")
-    gpu = Variant("ResNet-18 on one GPU", "ddp_trainer", 1, extra=("--device=cuda",))
-    shape = ("--synthetic-shape=3x32x32", "--batch-size=256")
-    rate = measure("ResNet-18, one GPU", [gpu], (*workload, *shape), repeats)[gpu.label]
-    return [
-        f"GPU: {torch.cuda.get_device_name(0)}, one process, ResNet-18 (CIFAR variant) on "
-        f"3x32x32 synthetic data, batch 256, precision auto (bf16), channels_last: "
-        f"{rate} images/s. Fashion-MNIST WRN time to 90% needs "
-        "the dataset files and is not measured here.",
-    ]

@@ -1,0 +1,198 @@
+"""GPU benchmark: ddp_trainer against the tutorials' DDP loop on one GPU, DDP's own cost, and
+torch.compile's gain and compile time.
+
+Two workloads of the seed's shapes on synthetic data: ResNet-18 (CIFAR variant) on 3x32x32 and
+WRN-16-4 on 1x28x28 (Fashion-MNIST's). Each figure is the median of --repeats interleaved runs
+(images/s of the epochs after the first, as the runs report it); --compile runs once per
+workload, its first epoch (which compiles) timed beside the uncompiled one. The raw results of
+every run are written beside the section (RAW), so prose about them can be checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.trainer import SHARED, Variant, trainer_env
+
+RAW = Path(__file__).resolve().parents[1] / "docs" / "benchmarks-gpu.json"
+COMMAND = "python -m benchmarks gpu"
+RUN_TIMEOUT_S = 240
+SAMPLES = 12_800
+RESNET = ("--model=resnet18", "--synthetic-shape=3x32x32", f"--synthetic-samples={SAMPLES}")
+WRN = (
+    "--model=wide-resnet",
+    "--wrn-depth=16",
+    "--wrn-width=4",
+    "--synthetic-shape=1x28x28",
+    f"--synthetic-samples={SAMPLES}",
+)
+EPOCHS = "--epochs=3"
+# The seed's table: CIFAR-10 (50,000 training images), 32 epochs, ResNet-18 on ThetaGPU A100s.
+SEED_IMAGES, SEED_EPOCHS = 50_000, 32
+SEED_SECONDS = {"one A100": 522.3, "eight A100s": 73.5}
+
+OURS = Variant("ddp_trainer", "ddp_trainer", 1)
+REFERENCE = Variant("reference", "benchmarks.reference_loop", 1)
+PLAIN = Variant("ddp_trainer, no DDP", "ddp_trainer", 1, torchrun=False)
+COMPILED = Variant("ddp_trainer --compile", "ddp_trainer", 1, extra=("--compile",))
+
+
+def one_run(variant: Variant, workload: tuple[str, ...]) -> dict[str, Any]:
+    """What the run reports (its summary, or the reference loop's line) and its wall time."""
+    started = time.perf_counter()
+    result = variant.result(workload, timeout_s=RUN_TIMEOUT_S)
+    result["wall_seconds"] = time.perf_counter() - started
+    result["variant"] = variant.label
+    print(
+        f"  {variant.label}: {result['images_per_sec']:,.0f} img/s, "
+        f"{result['wall_seconds']:.1f} s wall",
+        file=sys.stderr,
+    )
+    return result
+
+
+def measure(workload: tuple[str, ...], repeats: int) -> list[dict[str, Any]]:
+    runs = []
+    for _ in range(repeats):
+        for variant in (OURS, REFERENCE, PLAIN):
+            runs.append(one_run(variant, (*workload, EPOCHS)))
+    runs.append(one_run(COMPILED, (*workload, EPOCHS)))
+    return runs
+
+
+def median(runs: list[dict[str, Any]], label: str, key: str = "images_per_sec") -> float:
+    values = [run[key] for run in runs if run["variant"] == label and run.get(key) is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def spread(runs: list[dict[str, Any]], label: str) -> str:
+    values = [run["images_per_sec"] for run in runs if run["variant"] == label]
+    middle = statistics.median(values)
+    if len(values) == 1:
+        return f"{middle:,.0f}"
+    return f"{middle:,.0f} ({min(values):,.0f}-{max(values):,.0f})"
+
+
+def render(raw: dict[str, Any]) -> str:
+    """The section, from the raw results alone."""
+    workloads = raw["workloads"]
+    lines = [
+        "## GPU",
+        "",
+        f"Command: `{COMMAND}` (on a machine with CUDA; `benchmarks/gpu_run.sh` runs it with "
+        "the CUDA tests where the trainer's dependencies must be carried). Raw results: "
+        "`docs/benchmarks-gpu.json`.",
+        "",
+        f"Machine: {raw['device']}, driver {raw['driver']}, CUDA {raw['cuda']}, torch "
+        f"{raw['torch']}, Python {raw['python']}, {raw['cpus']} CPUs. The run took "
+        f"{raw['minutes']:.1f} minutes.",
+        "",
+        f"One process, synthetic data of each shape ({SAMPLES:,} images, 3 epochs, the first "
+        "excluded), batch size 128, SGD with momentum. ddp_trainer with its defaults "
+        "(precision auto, the data on the device, channels_last convolutions) under torchrun "
+        "at world size 1; the reference loop is the DDP tutorial's (a pinned DataLoader, fp32, "
+        f"`.to(device)` per batch, `loss.item()` per step). Median (lowest-highest) of "
+        f"{raw['repeats']} interleaved runs, images/s.",
+        "",
+        "| model | ddp_trainer | reference loop | speed-up | no DDP | DDP's cost | "
+        "peak memory ours / reference |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, runs in workloads.items():
+        ours, reference = median(runs, OURS.label), median(runs, REFERENCE.label)
+        plain = median(runs, PLAIN.label)
+        memory = (
+            f"{median(runs, OURS.label, 'peak_device_memory_mib'):,.0f} / "
+            f"{median(runs, REFERENCE.label, 'peak_device_memory_mib'):,.0f} MiB"
+        )
+        lines.append(
+            f"| {name} | {spread(runs, OURS.label)} | {spread(runs, REFERENCE.label)} "
+            f"| {ours / reference:.1f}x | {spread(runs, PLAIN.label)} "
+            f"| {(plain - ours) / plain * 100:+.1f}% | {memory} |"
+        )
+    lines += [
+        "",
+        "Goals: at least 3x the reference loop's images/s; DDP at world size 1 within 2% of no "
+        "DDP.",
+        "",
+        "torch.compile (one run each, `--compile` against the median uncompiled run):",
+        "",
+        "| model | images/s compiled | gain | first epoch compiled | first epoch uncompiled |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, runs in workloads.items():
+        compiled, ours = median(runs, COMPILED.label), median(runs, OURS.label)
+        lines.append(
+            f"| {name} | {compiled:,.0f} | {(compiled - ours) / ours * 100:+.1f}% "
+            f"| {median(runs, COMPILED.label, 'first_epoch_seconds'):.1f} s "
+            f"| {median(runs, OURS.label, 'first_epoch_seconds'):.1f} s |"
+        )
+    resnet = workloads.get("ResNet-18, 3x32x32")
+    if resnet:
+        rate = median(resnet, OURS.label)
+        ours_seconds = SEED_IMAGES * SEED_EPOCHS / rate
+        lines += [
+            "",
+            f"The seed's table in our terms: {SEED_EPOCHS} epochs of {SEED_IMAGES:,} "
+            f"CIFAR-10-shaped images at ddp_trainer's ResNet-18 rate on one {raw['device']} "
+            f"take {ours_seconds:.0f} s of training (evaluation and start-up excluded): "
+            + ", ".join(
+                f"{seconds / ours_seconds:.2f}x the speed of the seed's {seconds} s on {where}"
+                for where, seconds in SEED_SECONDS.items()
+            )
+            + " (ThetaGPU; a different GPU, data loaded from files, its own loop).",
+        ]
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    driver = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "driver": driver or "unknown",
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpus": len(os.sched_getaffinity(0)),
+    }
+
+
+def run(args: argparse.Namespace) -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu benchmark: no GPU here, its section is kept as it is", file=sys.stderr)
+        return ""
+    repeats = 1 if args.quick else args.repeats
+    started = time.time()
+    workloads = {}
+    for name, workload in (("ResNet-18, 3x32x32", RESNET), ("WRN-16-4, 1x28x28", WRN)):
+        print(f"gpu benchmark: {name}", file=sys.stderr)
+        workloads[name] = measure(workload, repeats)
+    raw = {
+        **machine(),
+        "repeats": repeats,
+        "minutes": (time.time() - started) / 60,
+        "workloads": workloads,
+        "env": {k: v for k, v in trainer_env(1).items() if k == "OMP_NUM_THREADS"},
+        "shared_args": list(SHARED),
+    }
+    if not args.quick:
+        RAW.write_text(json.dumps(raw, indent=1) + "\n")
+    return render(raw)
