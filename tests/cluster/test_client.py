@@ -1,16 +1,18 @@
 """The Python client (`kube_ddp.client`) against the real API server, with the operator running:
-progress seen while waiting, and each error a user meets. The pods are kwok's: the tests end
-them and report the trainer's progress as tests/cluster/test_lifecycle.py does, and since they
-write no logs, what `get_job_logs` says then is tested (test_clusterview.py does the same for
-`kube-ddp logs`)."""
+docs/python-client.md's notebook as printed, progress seen while waiting, and each error a user
+meets. The pods are kwok's: the tests end them and report the trainer's progress as
+tests/cluster/test_lifecycle.py does, and since they write no logs, what `get_job_logs` says
+then is tested (test_clusterview.py does the same for `kube-ddp logs`)."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -26,7 +28,13 @@ from kube_ddp.client import (
     new_job,
 )
 from tests.cluster.operator_support import Jobs, OperatorProcess
-from tests.cluster.support import Cluster
+from tests.cluster.support import REPO, Cluster
+
+NOTEBOOK = REPO / "docs" / "python-client.md"
+
+
+def notebook_blocks() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", NOTEBOOK.read_text(), re.MULTILINE | re.DOTALL)
 
 
 def kubeconfig_in(cluster: Cluster, namespace: str, path: Path) -> Path:
@@ -78,6 +86,38 @@ def trains_and_succeeds(jobs: Jobs, name: str, epochs: int) -> Callable[[], None
         jobs.end_worker(f"{name}-worker-0", 0)
 
     return work
+
+
+def test_the_notebook_runs_as_printed(
+    cluster: Cluster,
+    jobs: Jobs,
+    operator: OperatorProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """TrainerClient() with no arguments: the current context of $KUBECONFIG, its namespace."""
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig_in(cluster, jobs.namespace, tmp_path / "k")))
+    build_and_run, suspend_and_resume, logs, result, local = notebook_blocks()
+    assert "get_job_logs" in logs and "run_local" in local  # the two this test leaves out
+    notebook: dict[str, Any] = {}
+    exec(build_and_run, notebook)
+    client = notebook["client"]
+    try:
+        assert client.namespace == jobs.namespace
+        assert "digits  Running" in capsys.readouterr().out
+        exec(suspend_and_resume, notebook)
+        assert jobs.status("digits")["restarts"] == 0
+        with in_background(trains_and_succeeds(jobs, "digits", epochs=2)):
+            exec(result, notebook)
+        out = capsys.readouterr().out
+        assert "digits  Succeeded  epoch 2/2  val-acc 0.520" in out
+        assert "Succeeded: val-acc 0.52 after 2 epochs" in out
+        assert "[('digits', 'Succeeded')]" in out
+        with pytest.raises(JobNotFoundError):
+            client.get_job("digits")
+    finally:
+        client.close()
 
 
 def test_progress_is_seen_while_waiting(
