@@ -39,6 +39,7 @@ notebook alike (whose own loop is already running).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import sys
@@ -202,7 +203,13 @@ class TrainerClient:
         self._loop.close()
 
     def _run(self, call: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+        """`call` on the client's loop; an interrupt here (Ctrl-C in a notebook) cancels it."""
+        future = asyncio.run_coroutine_threadsafe(call, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
 
     # --- jobs --------------------------------------------------------------------------------
 
@@ -389,7 +396,10 @@ class TrainerClient:
                 "started, until the pod is removed",
             ) from None
         finally:
-            self._run(lines.aclose())
+            # Ended, failed, or abandoned by its reader; a read cancelled by an interrupt may
+            # still be closing it ("already running"), and closes it itself.
+            with contextlib.suppress(RuntimeError):
+                self._run(lines.aclose())
 
     def _worker_pod(self, name: str, worker: int) -> str:
         selector = urlencode({"labelSelector": f"{names.LABEL_JOB_NAME}={name}"})
