@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 
 import aiohttp
 import kopf
@@ -91,10 +92,16 @@ def api_error(status: int, message: str) -> ApiError:
     return _ERRORS_BY_STATUS.get(status, ApiError)(status, message)
 
 
-def load_credentials() -> kopf.ConnectionInfo:
+def load_credentials(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
     """$KUBECONFIG when set (--kubeconfig sets it), else the in-cluster service account, else
-    ~/.kube/config."""
+    ~/.kube/config; `kubeconfig`: that file's current context only."""
     settings = kopf.OperatorSettings()
+    if kubeconfig is not None:
+        with _kubeconfig_read_from(kubeconfig):
+            info = kopf.login_with_kubeconfig(settings=settings)
+        if info is None:
+            raise kopf.LoginError(f"{kubeconfig}: no kubeconfig there")
+        return info
     readers = [kopf.login_with_service_account, kopf.login_with_kubeconfig]
     if os.environ.get("KUBECONFIG"):
         readers.reverse()
@@ -102,6 +109,24 @@ def load_credentials() -> kopf.ConnectionInfo:
     if info is None:
         raise kopf.LoginError("no service account and no kubeconfig: pass --kubeconfig")
     return info
+
+
+_ENVIRON = threading.Lock()
+
+
+@contextlib.contextmanager
+def _kubeconfig_read_from(path: str) -> Iterator[None]:
+    """$KUBECONFIG set to `path` while kopf's reader, which reads only that, runs."""
+    with _ENVIRON:
+        before = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = path
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ["KUBECONFIG"]
+            else:
+                os.environ["KUBECONFIG"] = before
 
 
 def collection_path(api_version: str, kind: str, namespace: str) -> str:
@@ -163,8 +188,7 @@ class Kube:
             ) as response:
                 raw = await response.read()
                 if not 200 <= response.status <= 299:
-                    text = raw.decode(errors="replace")
-                    error = api_error(response.status, _message(text, response.reason))
+                    error = _error_of(response, raw)
                     if isinstance(error, UnauthorizedError) and attempt == 1:
                         await session.close()
                         self._session = None
@@ -172,6 +196,18 @@ class Kube:
                     raise error
                 return dict(orjson.loads(raw)) if raw else {}
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def lines(self, path: str) -> AsyncGenerator[str]:
+        """The text at `path` line by line as the server sends it (a pod's log, followed):
+        no time limit but the server's."""
+        session = self._session or self._open()
+        async with session.get(
+            self._server + path, timeout=aiohttp.ClientTimeout(total=None)
+        ) as response:
+            if not 200 <= response.status <= 299:
+                raise _error_of(response, await response.read())
+            async for line in response.content:
+                yield line.decode(errors="replace").rstrip("\n")
 
     async def create(self, obj: Obj, dry_run: bool = False) -> Obj | None:
         """Create `obj`: the object created, or None if one of its name existed already.
@@ -249,6 +285,10 @@ class Kube:
             await self.request(
                 "DELETE", job_path(namespace, name), {"propagationPolicy": "Background"}
             )
+
+
+def _error_of(response: aiohttp.ClientResponse, body: bytes) -> ApiError:
+    return api_error(response.status, _message(body.decode(errors="replace"), response.reason))
 
 
 def _message(text: str, reason: str | None) -> str:

@@ -1,9 +1,10 @@
 """The operator's own API client (`kube_ddp.kube.Kube`) against the real API server, where
-what the server does matters: a delete that must not reach a pod's successor."""
+what the server does matters: a delete that must not reach a pod's successor, a body streamed."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -47,3 +48,29 @@ def test_a_pod_deleted_by_uid_spares_its_successor(
 
     asyncio.run(scenario())
     wait_for(lambda: not exists(), "worker-1 deleted by its uid", timeout=30)
+
+
+def test_a_streamed_body_comes_line_by_line(
+    cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Kube.lines`, which follows a pod's log for the Python client, on the server's other
+    stream: a watch, one JSON event a line, ended by the server after timeoutSeconds."""
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    for name in ("a", "b"):
+        cluster.core.create_namespaced_pod(
+            namespace, {"metadata": {"name": name}, "spec": UNPLACED}
+        )
+
+    async def read() -> list[str]:
+        kube = Kube()
+        try:
+            path = f"/api/v1/namespaces/{namespace}/pods?watch=true&timeoutSeconds=2"
+            return [line async for line in kube.lines(path)]
+        finally:
+            await kube.close()
+
+    events = [json.loads(line) for line in asyncio.run(read())]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+        ("ADDED", "a"),
+        ("ADDED", "b"),
+    ]
