@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RESTART_POLICY = "ExitCode"
 # The agent's own rendezvous settings, unless --rdzv-conf sets them (torch's defaults in
 # brackets). A dead agent is dropped from the rendezvous after interval x attempts, 3 s [15 s];
 # an elastic group that has its minimum of nodes waits last_call for more before it trains,
@@ -59,11 +58,6 @@ FAST_RENDEZVOUS: Mapping[str, str] = {
 TORCH_RENDEZVOUS_POLL_S = 1.0
 FASTEST_RENDEZVOUS_POLL_S = 0.1
 GROUP_RENDEZVOUS_POLLS_PER_S = 100
-# The ranks of each rendezvous round get a store of their own (rank 0 hosts it on a free port
-# of its node), not the agents' rendezvous store: in that one, shared across rounds, ranks
-# restarted by agents that count their restarts differently read the dead group's addresses
-# (gloo: connection refused; NCCL: a stale id), pytorch/pytorch#135712.
-OWN_WORKER_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 # Keys in the rendezvous store (a PrefixStore per round, over the attempt's TCPStore).
 CLAIM_KEY = "kubeddp.rankRestart.claim"  # per round: the agent that reports its restart
 COUNT_KEY = "kubeddp.rankRestart.count"  # per store, so per attempt: restarts reported
@@ -73,12 +67,12 @@ COUNT_KEY = "kubeddp.rankRestart.count"  # per store, so per attempt: restarts r
 class Rules:
     """The failure rules of the job, as the operator passes them to every worker."""
 
-    policy: str = DEFAULT_RESTART_POLICY
+    policy: str = contract.DEFAULT_RESTART_POLICY
     retryable: frozenset[int] = frozenset()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Rules:
-        policy = env.get(contract.RESTART_POLICY_ENV) or DEFAULT_RESTART_POLICY
+        policy = env.get(contract.RESTART_POLICY_ENV) or contract.DEFAULT_RESTART_POLICY
         codes = env.get(contract.RETRYABLE_EXIT_CODES_ENV, "")
         retryable = frozenset(int(code) for code in codes.split(",") if code.strip())
         return cls(policy, retryable)

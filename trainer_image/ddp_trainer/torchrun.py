@@ -10,8 +10,7 @@ rules").
 SIGTERM to this process (the kubelet stopping the pod) is passed on to the ranks by torchrun,
 which then waits for them: the trainer's ranks save a checkpoint and exit 86
 (contract.EXIT_PREEMPTED), and so does this process when every rank did, not 143. The
-wait is as long as the ranks take (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, unless set, is an hour):
-the pod's grace period is the limit that counts.
+wait is as long as the ranks take (contract.SHUTDOWN_TIMEOUT_ENV).
 Standard library and torch only: it runs in any image that has both and this package.
 """
 
@@ -25,12 +24,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ddp_trainer import agent, warm
+from ddp_trainer import agent, contract, warm
 from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED, SIGNALLED
 from ddp_trainer.rank_exits import PROG, cause, exit_code, how_it_ended
-
-SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
-SHUTDOWN_TIMEOUT_S = 3600  # torchrun's own default, 30 s, would SIGKILL a rank mid-save
 
 
 def local_ranks(argv: Sequence[str]) -> int | None:
@@ -53,12 +49,12 @@ def rank_command(args: Any, python: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, str(SHUTDOWN_TIMEOUT_S))
-    os.environ.setdefault(agent.OWN_WORKER_STORE_ENV, "1")
+    os.environ.setdefault(contract.SHUTDOWN_TIMEOUT_ENV, str(contract.SHUTDOWN_TIMEOUT_S))
+    os.environ.setdefault(contract.OWN_WORKER_STORE_ENV, "1")
     ranks = warm.WarmRanks(warm.python_executable(os.environ))
     count = local_ranks(argv) if warm.enabled(os.environ) else None
     if count and count > 1:  # torchrun's own rule, set before torch loads OpenMP here
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault(contract.CPU_THREADS_ENV, "1")
     from torch.distributed.run import parse_args  # torch, once for this process and its forks
 
     args = parse_args(argv)  # type: ignore[no-untyped-call]
