@@ -150,19 +150,19 @@ def test_an_agent_looks_at_a_forming_round_more_often_the_smaller_its_group(
 # (time.sleep recorded, not slept).
 POLL_PROBE = """\
 import sys, time
-from ddp_trainer import agent
+from ddp_trainer import elastic
 from torch.distributed.elastic.rendezvous import RendezvousParameters, dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-patched = agent.poll_rendezvous_every(float(sys.argv[2]))
-handler = get_rendezvous_handler(RendezvousParameters(
-    backend="c10d", endpoint=f"127.0.0.1:{sys.argv[1]}", run_id="probe", min_nodes=1,
-    max_nodes=2, is_host=True))
-slept = []
-time.sleep = slept.append
-dynamic_rendezvous._delay(seconds=1)
-dynamic_rendezvous._delay(seconds=(0.5, 0.5))
-print(patched, handler._state_holder._cache_duration, slept)
+with elastic.rendezvous_polling(float(sys.argv[2])):
+    handler = get_rendezvous_handler(RendezvousParameters(
+        backend="c10d", endpoint=f"127.0.0.1:{sys.argv[1]}", run_id="probe", min_nodes=1,
+        max_nodes=2, is_host=True))
+    slept = []
+    time.sleep = slept.append
+    dynamic_rendezvous._delay(seconds=1)
+    dynamic_rendezvous._delay(seconds=(0.5, 0.5))
+print(not elastic.missing(), handler._state_holder._cache_duration, slept)
 """
 
 

@@ -1,10 +1,9 @@
 """What a pod's torchrun agent does when one of its ranks fails: restart in place, or stop.
 
-`python -m ddp_trainer.torchrun` runs torchrun's LocalElasticAgent in this process; this module
-adds the failure rules of kube-ddp to it (docs/design.md, "Restarts in place: what a pod's
-agent does"). After each look at its ranks (`_monitor_workers`, private to torch, wrapped by
-`install`), a failed group is judged by the rank whose failure caused the others
-(`rank_exits.cause`):
+`python -m ddp_trainer.torchrun` runs torchrun with its agent `elastic.Agent` in this process;
+this module holds the failure rules of kube-ddp it applies (docs/design.md, "Restarts in place:
+what a pod's agent does"). After each look at its ranks, a failed group is judged by the rank
+whose failure caused the others (`rank_exits.cause`):
 
 - every failed rank exited 86 (contract.EXIT_PREEMPTED) and this agent was not signalled (a
   signal to it raises out of torch's loop before any look): a peer pod was SIGTERMed and the
@@ -16,23 +15,22 @@ agent does"). After each look at its ranks (`_monitor_workers`, private to torch
   rendezvous round to claim it in the rendezvous store merge-patches status.rankRestart.
 - any other code: no restart; torchrun then stops, and the pod exits with the code.
 
-Where this torch lacks what the hooks rely on, `install` returns False and the caller runs
-without in-place restarts (--max-restarts=0): the pod then fails as a whole, as the operator
-expects of any launcher.
+Where this torch lacks what `elastic.Agent` relies on, torchrun runs its own agent without
+in-place restarts (--max-restarts=0): the pod then fails as a whole, as the operator expects of
+any launcher.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ddp_trainer import contract
-from ddp_trainer.rank_exits import PROG, cause, exit_code, how_it_ended
+from ddp_trainer.rank_exits import cause, exit_code, how_it_ended
 from ddp_trainer.report import StatusReporter, now_utc, stamp
 
 if TYPE_CHECKING:
@@ -40,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RESTART_POLICY = "ExitCode"
 # The agent's own rendezvous settings, unless --rdzv-conf sets them (torch's defaults in
 # brackets). A dead agent is dropped from the rendezvous after interval x attempts, 3 s [15 s];
 # an elastic group that has its minimum of nodes waits last_call for more before it trains,
@@ -55,17 +52,12 @@ FAST_RENDEZVOUS: Mapping[str, str] = {
 # An agent waiting for its peers in a rendezvous round looks at the round's state again after
 # a fixed second, and reads it from the store at most once a second (torch's `_delay(seconds=1)`
 # and the state holder's cache_duration in dynamic_rendezvous, both private): most of the
-# time a small group takes to re-form. `poll_rendezvous_every` shortens it to 0.1 s for a small
+# time a small group takes to re-form. `elastic.rendezvous_polling` shortens it to 0.1 s for a small
 # group and keeps a group's reads of the state, which grows with it, near torch's at 100
 # nodes: 100 a second in all (1 s from 100 nodes up).
 TORCH_RENDEZVOUS_POLL_S = 1.0
 FASTEST_RENDEZVOUS_POLL_S = 0.1
 GROUP_RENDEZVOUS_POLLS_PER_S = 100
-# The ranks of each rendezvous round get a store of their own (rank 0 hosts it on a free port
-# of its node), not the agents' rendezvous store: in that one, shared across rounds, ranks
-# restarted by agents that count their restarts differently read the dead group's addresses
-# (gloo: connection refused; NCCL: a stale id), pytorch/pytorch#135712.
-OWN_WORKER_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 # Keys in the rendezvous store (a PrefixStore per round, over the attempt's TCPStore).
 CLAIM_KEY = "kubeddp.rankRestart.claim"  # per round: the agent that reports its restart
 COUNT_KEY = "kubeddp.rankRestart.count"  # per store, so per attempt: restarts reported
@@ -75,12 +67,12 @@ COUNT_KEY = "kubeddp.rankRestart.count"  # per store, so per attempt: restarts r
 class Rules:
     """The failure rules of the job, as the operator passes them to every worker."""
 
-    policy: str = DEFAULT_RESTART_POLICY
+    policy: str = contract.DEFAULT_RESTART_POLICY
     retryable: frozenset[int] = frozenset()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Rules:
-        policy = env.get(contract.RESTART_POLICY_ENV) or DEFAULT_RESTART_POLICY
+        policy = env.get(contract.RESTART_POLICY_ENV) or contract.DEFAULT_RESTART_POLICY
         codes = env.get(contract.RETRYABLE_EXIT_CODES_ENV, "")
         retryable = frozenset(int(code) for code in codes.split(",") if code.strip())
         return cls(policy, retryable)
@@ -101,29 +93,6 @@ def rendezvous_poll_s(nnodes: str) -> float:
     return min(TORCH_RENDEZVOUS_POLL_S, poll_s)
 
 
-def poll_rendezvous_every(poll_s: float) -> bool:
-    """Make an agent's looks at a forming round `poll_s` apart, not torch's second: both the
-    wait between two looks and how long a state read serves as the round's state. False
-    where this torch lacks either (its second then stays)."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    delay = getattr(dynamic_rendezvous, "_delay", None)
-    holder = getattr(dynamic_rendezvous, "_BackendRendezvousStateHolder", None)
-    if delay is None or holder is None:
-        return False
-
-    def delay_polls_less(seconds: float | tuple[float, float]) -> None:
-        delay(seconds=poll_s if seconds == TORCH_RENDEZVOUS_POLL_S else seconds)
-
-    class StateHolder(holder):  # type: ignore[misc,valid-type]
-        def __init__(self, backend: Any, settings: Any, cache_duration: float = poll_s) -> None:
-            super().__init__(backend, settings, cache_duration)
-
-    setattr(dynamic_rendezvous, "_delay", delay_polls_less)  # noqa: B010 (private to torch)
-    setattr(dynamic_rendezvous, "_BackendRendezvousStateHolder", StateHolder)  # noqa: B010
-    return True
-
-
 def verdict(failures: Mapping[int, ProcessFailure], rules: Rules) -> tuple[str, int, int]:
     """("preempted" | "restart" | "stop", the causing global rank, its exit code)."""
     rank, failure = cause(failures)
@@ -133,49 +102,6 @@ def verdict(failures: Mapping[int, ProcessFailure], rules: Rules) -> tuple[str, 
     if contract.exit_restarts(code, rules.policy, rules.retryable):
         return "restart", rank, code
     return "stop", rank, code
-
-
-def install(rules: Rules, env: Mapping[str, str] = os.environ) -> bool:
-    """Wrap LocalElasticAgent._monitor_workers with the rules; False where this torch has no
-    such method or agent state (the caller then turns in-place restarts off)."""
-    from torch.distributed.elastic.agent.server import api
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
-    monitor = getattr(LocalElasticAgent, "_monitor_workers", None)
-    failed = getattr(getattr(api, "WorkerState", None), "FAILED", None)
-    if monitor is None or failed is None:
-        return False
-
-    def monitor_and_judge(self: Any, worker_group: Any) -> Any:
-        result = monitor(self, worker_group)
-        if result.state != failed or not result.failures:
-            return result
-        if not hasattr(self, "_remaining_restarts"):  # torch changed: leave its rules alone
-            return result
-        what, rank, code = verdict(result.failures, rules)
-        if what == "preempted":
-            print(
-                f"{PROG}: every failed rank exited {code} (a peer pod was stopped, the group "
-                "saved): restarting in place, not counted",
-                file=sys.stderr,
-                flush=True,
-            )
-            self._remaining_restarts += 1  # torch takes one off for this restart
-        elif what == "stop":
-            self._remaining_restarts = 0  # torch stops its ranks and raises ChildFailedError
-        elif self._remaining_restarts > 0:
-            print(
-                f"{PROG}: rank {rank} ended with {code}: restarting in place "
-                f"({self._remaining_restarts} restart(s) left)",
-                file=sys.stderr,
-                flush=True,
-            )
-            if code != contract.EXIT_PEER_LOST:
-                report_restart(worker_group.store, rank, code, env)
-        return result
-
-    LocalElasticAgent._monitor_workers = monitor_and_judge  # type: ignore[method-assign]
-    return True
 
 
 def report_restart(store: Any, rank: int, code: int, env: Mapping[str, str]) -> None:

@@ -46,6 +46,7 @@ EXIT_PREEMPTED: Final = 86
 # --- the env contract: every worker container gets these ------------------------------------
 MASTER_ADDR: Final = "MASTER_ADDR"
 MASTER_PORT: Final = "MASTER_PORT"
+DEFAULT_PORT: Final = 29500  # spec.port's default, and the trainer's where MASTER_PORT is unset
 NNODES: Final = "NNODES"
 NODE_RANK: Final = "NODE_RANK"
 NPROC_PER_NODE: Final = "NPROC_PER_NODE"
@@ -78,6 +79,8 @@ def torchrun_name(name: str) -> str:
 # runPolicy.retryableExitCodes (comma-separated), set by the operator on every worker.
 RESTART_POLICY_ENV: Final = "KUBEDDP_RESTART_POLICY"
 RETRYABLE_EXIT_CODES_ENV: Final = "KUBEDDP_RETRYABLE_EXIT_CODES"
+# runPolicy.restartPolicy's default, and the agent's where RESTART_POLICY_ENV is unset
+DEFAULT_RESTART_POLICY: Final = "ExitCode"
 
 # Every name the operator may set, built from the names above so the two cannot drift: a job
 # that sets one of these in its own env is refused.
@@ -96,6 +99,11 @@ RESERVED_ENV: Final = (
     RESTART_POLICY_ENV,
     RETRYABLE_EXIT_CODES_ENV,
 )
+
+# The threads of each rank's CPU ops (OpenMP's): where unset, they share the node's cores (set
+# by ddp_trainer.torchrun for several ranks and by `kube-ddp run --local`; else the trainer
+# divides the cores among the node's ranks itself).
+CPU_THREADS_ENV: Final = "OMP_NUM_THREADS"
 
 # --- silent failures: progress heartbeats and a lost peer ------------------------------------
 # Rank 0 reports its progress (status.training) at least this often while it trains, so that
@@ -117,6 +125,18 @@ EXIT_PEER_LOST: Final = 88
 
 # --- restarts in place: the pod's agent restarts its ranks, the pods stay -----------------------
 # (the env the agent reads its failure rules from is with the env contract above)
+# torchrun's c10d rendezvous keeps one TCP store for all its rounds, and the ranks share it
+# without a prefix per round: restarted ranks, across nodes whose agents count their restarts
+# differently, read the dead group's addresses from it (gloo: connection refused; NCCL: a stale
+# unique id), pytorch/pytorch#135712. Set to 1, each round's ranks get a store of their own
+# (rank 0 hosts it on a free port of its node). Wherever a torchrun agent may restart its ranks,
+# this is set.
+OWN_WORKER_STORE_ENV: Final = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+# How long torchrun's agent waits for the ranks it stopped (SIGTERM, the pod stopping) before
+# it SIGKILLs them: torch's default, 30 s, would kill a rank mid-save; the pod's grace period is
+# the limit that counts. Set by ddp_trainer.torchrun unless set.
+SHUTDOWN_TIMEOUT_ENV: Final = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+SHUTDOWN_TIMEOUT_S: Final = 3600
 SIGNALLED: Final = 128  # a process killed by signal n ends as 128 + n, as the kubelet reports it
 # The status field the agent that restarted the group in place merge-patches (RankRestart in the
 # operator's api): the operator counts it in status.restarts and says it in an Event.

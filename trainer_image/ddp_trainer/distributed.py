@@ -26,8 +26,6 @@ import torch.distributed as dist
 from ddp_trainer import capabilities, contract
 from ddp_trainer.errors import TrainerError
 
-DEFAULT_MASTER_PORT = 29500
-
 log = logging.getLogger("ddp_trainer")
 
 
@@ -41,7 +39,7 @@ class World:
     local_rank: int = 0
     local_world_size: int = 1
     master_addr: str = "127.0.0.1"
-    master_port: int = DEFAULT_MASTER_PORT
+    master_port: int = contract.DEFAULT_PORT
 
     @property
     def distributed(self) -> bool:
@@ -158,7 +156,7 @@ def discover_world(env: Mapping[str, str]) -> World:
         or _master_from_hosts(env, world_size, local_world_size),
         master_port=_int(env, contract.MASTER_PORT)
         if env.get(contract.MASTER_PORT)
-        else DEFAULT_MASTER_PORT,
+        else contract.DEFAULT_PORT,
     )
 
 
@@ -330,12 +328,9 @@ def _make_flight_recorder_dir(env: Mapping[str, str]) -> None:
 def _restart_safe_store(world: World, env: Mapping[str, str], timeout: timedelta) -> Any:
     """A store without the keys of torchrun's previous attempt, where one is needed.
 
-    torchrun's c10d rendezvous keeps one TCPStore for all restarts and the workers share it
-    without a per-attempt prefix, so a restarted group can read the dead group's addresses
-    (gloo: connection refused; NCCL: a stale unique id) - pytorch/pytorch#135712. On one node
-    the restart count is the group's, and prefixing the keys with it is safe; across nodes the
-    agents may count differently, and only TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun
-    helps.
+    torchrun's ranks share its agents' store across restarts (contract.OWN_WORKER_STORE_ENV
+    says why that fails). On one node the restart count is the group's, and prefixing the keys
+    with it is safe; across nodes the agents may count differently, and only that setting helps.
     """
     restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or restart == 0:
@@ -343,8 +338,9 @@ def _restart_safe_store(world: World, env: Mapping[str, str], timeout: timedelta
     if world.world_size != world.local_world_size:
         log.warning(
             "torchrun restart %d with its shared store: if the group fails to connect, run "
-            "torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (pytorch/pytorch#135712)",
+            "torchrun with %s=1 (pytorch/pytorch#135712)",
             restart,
+            contract.OWN_WORKER_STORE_ENV,
         )
         return None
     agent_store = dist.TCPStore(  # type: ignore[attr-defined]
@@ -359,7 +355,7 @@ def set_cpu_threads(world: World, env: Mapping[str, str]) -> None:
     torchrun sets OMP_NUM_THREADS=1 for several processes; mpirun and srun set nothing, and
     torch's default of one thread per core in every process oversubscribes the node.
     """
-    if "OMP_NUM_THREADS" in env:
+    if contract.CPU_THREADS_ENV in env:
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch.set_num_threads(max(1, (cores or 1) // world.local_world_size))

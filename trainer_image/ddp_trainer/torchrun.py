@@ -10,26 +10,23 @@ rules").
 SIGTERM to this process (the kubelet stopping the pod) is passed on to the ranks by torchrun,
 which then waits for them: the trainer's ranks save a checkpoint and exit 86
 (contract.EXIT_PREEMPTED), and so does this process when every rank did, not 143. The
-wait is as long as the ranks take (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, unless set, is an hour):
-the pod's grace period is the limit that counts.
+wait is as long as the ranks take (contract.SHUTDOWN_TIMEOUT_ENV).
 Standard library and torch only: it runs in any image that has both and this package.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ddp_trainer import agent, warm
+from ddp_trainer import agent, contract, warm
 from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED, SIGNALLED
 from ddp_trainer.rank_exits import PROG, cause, exit_code, how_it_ended
-
-SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
-SHUTDOWN_TIMEOUT_S = 3600  # torchrun's own default, 30 s, would SIGKILL a rank mid-save
 
 
 def local_ranks(argv: Sequence[str]) -> int | None:
@@ -52,12 +49,12 @@ def rank_command(args: Any, python: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, str(SHUTDOWN_TIMEOUT_S))
-    os.environ.setdefault(agent.OWN_WORKER_STORE_ENV, "1")
+    os.environ.setdefault(contract.SHUTDOWN_TIMEOUT_ENV, str(contract.SHUTDOWN_TIMEOUT_S))
+    os.environ.setdefault(contract.OWN_WORKER_STORE_ENV, "1")
     ranks = warm.WarmRanks(warm.python_executable(os.environ))
     count = local_ranks(argv) if warm.enabled(os.environ) else None
     if count and count > 1:  # torchrun's own rule, set before torch loads OpenMP here
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault(contract.CPU_THREADS_ENV, "1")
     from torch.distributed.run import parse_args  # torch, once for this process and its forks
 
     args = parse_args(argv)  # type: ignore[no-untyped-call]
@@ -76,16 +73,23 @@ def _run(args: Any, ranks: warm.WarmRanks) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import run
 
+    from ddp_trainer import elastic  # torch's elastic agent: once torch may be imported
+
     args.rdzv_conf = agent.with_fast_rendezvous(args.rdzv_conf or "")
-    agent.poll_rendezvous_every(agent.rendezvous_poll_s(args.nnodes))
-    if not agent.install(agent.Rules.from_env(os.environ)) and args.max_restarts:
-        print(f"{PROG}: this torch has no agent to hook: no restart in place", file=sys.stderr)
-        args.max_restarts = 0
-    if warm.enabled(os.environ) and not warm.install(ranks):
+    warm_ranks = ranks if warm.enabled(os.environ) else None
+    hooks = elastic.Hooks(agent.Rules.from_env(os.environ), os.environ, warm_ranks)
+    with_hooks: contextlib.AbstractContextManager[None]
+    if elastic.missing():
+        if args.max_restarts:
+            print(f"{PROG}: this torch has no agent to hook: no restart in place", file=sys.stderr)
+            args.max_restarts = 0
         ranks.close()
-    stopped = _record_how_stopped_ranks_ended()
+        with_hooks = contextlib.nullcontext()
+    else:
+        with_hooks = elastic.running(hooks, agent.rendezvous_poll_s(args.nnodes))
     try:
-        record(run)(args)
+        with with_hooks:
+            record(run)(args)
     except ChildFailedError as exc:
         rank, failure = cause(exc.failures)
         code = exit_code(failure.exitcode)
@@ -103,6 +107,7 @@ def _run(args: Any, ranks: warm.WarmRanks) -> int:
         )
         return code
     except SignalException as exc:  # torchrun itself was told to stop (the pod is deleted)
+        stopped = hooks.stopped
         if stopped and all(code == EXIT_PREEMPTED for code in stopped):
             print(
                 f"{PROG}: stopped by {signal.Signals(exc.sigval).name}; every local rank "
@@ -121,27 +126,6 @@ def _run(args: Any, ranks: warm.WarmRanks) -> int:
         )
         return EXIT_PEER_LOST
     return 0
-
-
-def _record_how_stopped_ranks_ended() -> list[int]:
-    """The exit codes of the ranks torchrun stopped on a signal, once it has: torchrun keeps
-    them to itself, so its (private) SubprocessContext._close is wrapped to read them. Empty
-    where this torch has no such method: the pod then ends as 128 + the signal."""
-    from torch.distributed.elastic.multiprocessing import api
-
-    context = getattr(api, "SubprocessContext", None)
-    close = getattr(context, "_close", None)
-    codes: list[int] = []
-    if context is None or close is None:
-        return codes
-
-    def close_and_record(self: Any, *args: Any, **kwargs: Any) -> None:
-        close(self, *args, **kwargs)
-        handlers = getattr(self, "subprocess_handlers", None) or {}
-        codes[:] = [handler.proc.returncode for handler in handlers.values()]
-
-    context._close = close_and_record
-    return codes
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ running, it starts them as `python -u -m ddp_trainer.warm` once it has stopped t
 Meanwhile a rank of kube-ddp's trainer imports the trainer's modules and its dataset's too
 (`prepare`); then it waits on its stdin. When torchrun starts a rank, `WarmRanks` hands one of
 them the rank's command and environment (a JSON line), and torchrun keeps it as the rank's
-process: the agent's child, in a session of its own, as torchrun's own would be.
+process: the agent's child, in a session of its own, as torchrun's own would be. The agent
+(`elastic.Agent`) prepares them each time it forms its group and takes its ranks from them.
 
 A rank is started cold, as torchrun does, wherever a warm one could differ from it: torchrun
 writes the rank's output to files (--redirects, --tee), the command is not one of the two
@@ -37,7 +38,7 @@ import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 MODULE = "ddp_trainer.warm"
 TRAINER = "ddp_trainer"  # the module of kube-ddp's trainer, whose rank prepares more
@@ -200,41 +201,6 @@ class WarmRanks:
 
 def _without_agent_settings(env: Mapping[str, str]) -> dict[str, str]:
     return {key: value for key, value in env.items() if not key.startswith(AGENT_SETTINGS_PREFIX)}
-
-
-def install(ranks: WarmRanks) -> bool:
-    """Have torchrun take its ranks from `ranks`, and `ranks` prepare them each time the agent
-    forms its group: at its start and on each restart (a failure or a change of its members),
-    once the old ranks are stopped (their memory is free), before the rendezvous. False where
-    this torch lacks either hook (torchrun then starts every rank itself)."""
-    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
-    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
-
-    handler = getattr(subprocess_handler, "SubprocessHandler", None)
-    popen = getattr(handler, "_popen", None)
-    initialize = getattr(SimpleElasticAgent, "_initialize_workers", None)
-    if handler is None or popen is None or initialize is None:
-        return False
-
-    def popen_warm(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
-        to_terminal = (
-            getattr(self, "_stdout", None) is None and getattr(self, "_stderr", None) is None
-        )
-        if not to_terminal:
-            ranks.close()
-            return popen(self, args, env)
-        return ranks.take(args, env) or popen(self, args, env)
-
-    def prepare_and_initialize(self: Any, worker_group: Any) -> Any:
-        spec = worker_group.spec
-        entrypoint = spec.entrypoint  # a command, or a function (--run-path): no warm rank
-        command = [entrypoint, *map(str, spec.args)] if isinstance(entrypoint, str) else []
-        ranks.prepare(spec.local_world_size, command)
-        return initialize(self, worker_group)
-
-    handler._popen = popen_warm
-    SimpleElasticAgent._initialize_workers = prepare_and_initialize  # type: ignore[method-assign]
-    return True
 
 
 def prepare(argv: Sequence[str]) -> None:

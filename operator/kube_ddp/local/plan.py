@@ -239,9 +239,9 @@ def _local_extras(
         contract.TOKEN_FILE_ENV: str(local.token_file),
         "PYTHONUNBUFFERED": "1",  # worker logs as they happen, not when a pipe buffer fills
     }
-    if "OMP_NUM_THREADS" not in pod_env:
+    if contract.CPU_THREADS_ENV not in pod_env:
         # Pods get their CPU share from their limits; here all workers share this machine.
-        extras["OMP_NUM_THREADS"] = str(max(1, local.machine.cpus // spec.world_size))
+        extras[contract.CPU_THREADS_ENV] = str(max(1, local.machine.cpus // spec.world_size))
     return extras
 
 
