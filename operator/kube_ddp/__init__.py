@@ -1,6 +1,5 @@
 """kube_ddp: a Kubernetes operator for PyTorch DistributedDataParallel training jobs.
 
-
 The Python client and the models a job is built from are importable from here
 (`from kube_ddp import TrainerClient, DDPTrainingJobSpec, TrainerOptions, new_job`: see
 kube_ddp.client), each loaded on first use: the operator's own imports of this package never
