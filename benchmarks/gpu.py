@@ -5,7 +5,8 @@ Two workloads of the seed's shapes on synthetic data: ResNet-18 (CIFAR variant) 
 WRN-16-4 on 1x28x28 (Fashion-MNIST's). Each figure is the median of --repeats interleaved runs
 (images/s of the epochs after the first, as the runs report it); --compile runs once per
 workload, its first epoch (which compiles) timed beside the uncompiled one. The raw results of
-every run are written beside the section (RAW), so prose about them can be checked.
+every run are written beside the section (RAW) as each run ends, so prose about them can be
+checked, and a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.trainer import SHARED, Variant, trainer_env
+from benchmarks.trainer import SHARED, Variant
 
 RAW = Path(__file__).resolve().parents[1] / "docs" / "benchmarks-gpu.json"
 COMMAND = "python -m benchmarks gpu"
@@ -60,13 +62,12 @@ def one_run(variant: Variant, workload: tuple[str, ...]) -> dict[str, Any]:
     return result
 
 
-def measure(workload: tuple[str, ...], repeats: int) -> list[dict[str, Any]]:
-    runs = []
+def measure(workload: tuple[str, ...], repeats: int) -> Iterator[dict[str, Any]]:
+    """Each run's result as it ends: the variants interleaved, then one compiled run."""
     for _ in range(repeats):
         for variant in (OURS, REFERENCE, PLAIN):
-            runs.append(one_run(variant, (*workload, EPOCHS)))
-    runs.append(one_run(COMPILED, (*workload, EPOCHS)))
-    return runs
+            yield one_run(variant, (*workload, EPOCHS))
+    yield one_run(COMPILED, (*workload, EPOCHS))
 
 
 def median(runs: list[dict[str, Any]], label: str, key: str = "images_per_sec") -> float:
@@ -94,7 +95,7 @@ def render(raw: dict[str, Any]) -> str:
         "",
         f"Machine: {raw['device']}, driver {raw['driver']}, CUDA {raw['cuda']}, torch "
         f"{raw['torch']}, Python {raw['python']}, {raw['cpus']} CPUs. The run took "
-        f"{raw['minutes']:.1f} minutes.",
+        f"{raw.get('minutes', 0):.1f} minutes.",
         "",
         f"One process, synthetic data of each shape ({SAMPLES:,} images, 3 epochs, the first "
         "excluded), batch size 128, SGD with momentum. ddp_trainer with its defaults "
@@ -181,18 +182,14 @@ def run(args: argparse.Namespace) -> str:
         return ""
     repeats = 1 if args.quick else args.repeats
     started = time.time()
-    workloads = {}
+    raw: dict[str, Any] = {**machine(), "repeats": repeats, "shared_args": list(SHARED)}
+    raw["workloads"] = {}
     for name, workload in (("ResNet-18, 3x32x32", RESNET), ("WRN-16-4, 1x28x28", WRN)):
         print(f"gpu benchmark: {name}", file=sys.stderr)
-        workloads[name] = measure(workload, repeats)
-    raw = {
-        **machine(),
-        "repeats": repeats,
-        "minutes": (time.time() - started) / 60,
-        "workloads": workloads,
-        "env": {k: v for k, v in trainer_env(1).items() if k == "OMP_NUM_THREADS"},
-        "shared_args": list(SHARED),
-    }
-    if not args.quick:
-        RAW.write_text(json.dumps(raw, indent=1) + "\n")
+        raw["workloads"][name] = runs = []
+        for result in measure(workload, repeats):
+            runs.append(result)
+            raw["minutes"] = (time.time() - started) / 60
+            if not args.quick:  # after every run: a run cut short keeps what it measured
+                RAW.write_text(json.dumps(raw, indent=1) + "\n")
     return render(raw)
