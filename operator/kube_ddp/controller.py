@@ -13,6 +13,7 @@ queues keys; `Controller.reconcile` does the rest. Its in-memory state:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ from kube_ddp.status import (
     classify,
     decide,
     most_decisive,
+    mount_look_due,
     node_lost,
     refuse,
     reject,
@@ -295,6 +297,7 @@ class Controller:
             pods += said
             if said:  # they stand for pods gone: the next look, at once, sees the names free
                 self.queue.add(key)
+        pods = await self._with_mount_failures(key[0], pods, now)
         expected = self.expectations.pending(key, asyncio.get_running_loop().time())
         body, job, queued = await self._apply_kueue(key, body, job, pods)
         if queued.refused is not None:
@@ -325,6 +328,20 @@ class Controller:
             return
         self.held_until.pop(key, None)
         await self._apply(key, body, status, decision)
+
+    async def _with_mount_failures(
+        self, namespace: str, pods: list[PodView], now: datetime
+    ) -> list[PodView]:
+        """`pods`, each still creating its containers past its time with the kubelet's newest
+        FailedMount Event: a volume it cannot mount is said nowhere in the pod."""
+
+        async def looked(pod: PodView) -> PodView:
+            if pod.uid is None or not mount_look_due(pod, now):
+                return pod
+            said = await self.kube.newest_event_message(namespace, pod.uid, "FailedMount")
+            return dataclasses.replace(pod, cannot_mount=said) if said else pod
+
+        return list(await asyncio.gather(*(looked(pod) for pod in pods)))
 
     def _held(self, key: Key, decision: Decision) -> bool:
         """Whether `decision` would create a group while the job waits for room."""

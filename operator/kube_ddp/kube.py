@@ -12,6 +12,7 @@ import contextlib
 import os
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from urllib.parse import quote
 
 import aiohttp
 import kopf
@@ -226,6 +227,16 @@ class Kube:
             return await self.request("GET", path)
         except NotFoundError:
             return None
+
+    async def newest_event_message(self, namespace: str, uid: str, reason: str) -> str | None:
+        """The message of the newest Event of `reason` about the object `uid`, if any."""
+        selector = quote(f"involvedObject.uid={uid},reason={reason}")
+        path = f"{collection_path('v1', 'Event', namespace)}?fieldSelector={selector}"
+        found = (await self.request("GET", path) or {}).get("items") or []
+        if not found:
+            return None
+        newest = max(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        return str(newest.get("message") or "") or None
 
     async def patch(self, path: str, patch: Obj) -> Obj | None:
         """Merge-patch the object at `path`; the updated object, or None if it is gone."""

@@ -81,6 +81,11 @@ NODE_LOST_TAINTS: Final = ("node.kubernetes.io/unreachable", "node.kubernetes.io
 # Seconds a worker tolerates them by default: with the node controller's grace period (50 s),
 # a group is restarted about a minute after its node's last report.
 DEFAULT_UNREACHABLE_TOLERATION_SECONDS: Final = 10
+# A worker still creating its containers this long after it was placed has the kubelet's
+# FailedMount Events read (a volume it cannot mount is said nowhere else), and again this often
+# while it stays so (an image pull looks the same and may take minutes).
+MOUNT_LOOK_AFTER_SECONDS: Final = 10
+MOUNT_RELOOK_SECONDS: Final = 30
 
 
 def worker_name(job: str, index: int) -> str:

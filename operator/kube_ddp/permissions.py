@@ -119,6 +119,13 @@ JOB_RULES: tuple[Rule, ...] = (
         ("create",),
         "Events on jobs: Controller._apply -> Kube.create(builders.build_event); kopf's posting",
     ),
+    Rule(
+        "",
+        ("events",),
+        ("list",),
+        "a worker still creating its containers: Controller._with_mount_failures -> "
+        "Kube.newest_event_message (the kubelet's FailedMount, said nowhere in the pod)",
+    ),
     *(
         Rule(
             kind.api_version.rpartition("/")[0],

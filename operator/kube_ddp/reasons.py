@@ -23,6 +23,9 @@ class Reason(StrEnum):
     # ContainersStarted=False: the kubelet cannot start a worker's container (an image it
     # cannot pull, a root image under runAsNonRoot, a missing Secret)
     CONTAINER_CANNOT_START = "ContainerCannotStart"
+    # ContainersStarted=False: the kubelet cannot mount a worker's volume (a ConfigMap, Secret
+    # or claim that does not exist), in its FailedMount Event's words
+    VOLUME_CANNOT_MOUNT = "VolumeCannotMount"
     CONTAINERS_STARTED = "ContainersStarted"  # ContainersStarted=True again
     WORKER_FAILED = "WorkerFailed"  # a group restart, or Failed under restartPolicy Never
     # Event, Restarting, failure.reason: a pod's agent restarted its ranks in place (the job

@@ -550,6 +550,47 @@ def test_a_hung_rank_of_the_users_own_script_restarts_at_the_deadline(
     assert took <= PROGRESS_DEADLINE + 30 + 10  # the last report is at most a heartbeat old
 
 
+def test_a_volume_the_kubelet_cannot_mount_is_said_on_the_job_until_it_exists(
+    platform: Platform, jobs: Jobs
+) -> None:
+    """The own-script example applied before its ConfigMap (a newcomer's first try): the
+    pods wait in ContainerCreating and only a FailedMount Event says why; the job says it,
+    naming the ConfigMap and what to do, and runs once the ConfigMap is made."""
+    document = yaml.safe_load((OWN_SCRIPT / "job.yaml").read_text())
+    document["spec"] = platform.job_spec(document["spec"])
+    jobs.create(document)
+
+    def stuck() -> dict[str, Any] | None:
+        found = [
+            c
+            for c in jobs.status("own-script").get("conditions", [])
+            if c["type"] == "ContainersStarted" and c["status"] == "False"
+        ]
+        return found[0] if found else None
+
+    said = wait_for(stuck, "ContainersStarted=False on the job", timeout=90)
+    assert said["reason"] == Reason.VOLUME_CANNOT_MOUNT, said
+    assert said["message"].startswith("own-script-worker-"), said
+    assert 'configmap "own-script" not found' in said["message"], said
+    assert "create that ConfigMap in the job's namespace" in said["message"], said
+    assert jobs.status("own-script")["phase"] == "Starting"
+    assert Reason.VOLUME_CANNOT_MOUNT in jobs.events("own-script")
+    jobs.cluster.kubectl(
+        "create", "configmap", "own-script", f"--from-file={OWN_SCRIPT / 'train.py'}",
+        "-n", jobs.namespace,
+    )  # fmt: skip
+    wait_for(
+        lambda: jobs.status("own-script").get("phase") == "Running",
+        "the job Running once its ConfigMap exists",
+        timeout=TRAINING_TIMEOUT,
+        interval=1,
+    )
+    started = [
+        c for c in jobs.status("own-script")["conditions"] if c["type"] == "ContainersStarted"
+    ]
+    assert started[0]["status"] == "True", started
+
+
 def test_a_container_the_kubelet_cannot_start_is_said_on_the_job(
     platform: Platform, jobs: Jobs
 ) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kube_ddp import names
 from kube_ddp.api import DDPTrainingJob, JobStatus
 from kube_ddp.reasons import Reason
 from kube_ddp.status import (
@@ -18,6 +19,7 @@ from kube_ddp.status import (
     DeletePods,
     PodView,
     decide,
+    mount_look_due,
 )
 from tests.unit.support import job_document, make_job
 
@@ -128,6 +130,83 @@ def test_a_container_the_kubelet_cannot_start_is_said_once_and_cleared() -> None
     assert (started.status, started.reason) == ("False", "ContainerCannotStart")
     assert started.message == f"bar-worker-1: {stuck.cannot_start}"
     assert ("Warning", "ContainerCannotStart") in [(e.type, e.reason) for e in first.events]
+    again = decide(job(first.status.model_dump(by_alias=True)), [pod(0), stuck], NOW)
+    assert again.events == ()
+    cleared = decide(job(again.status.model_dump(by_alias=True)), [pod(0), pod(1)], NOW)
+    assert condition(cleared, "ContainersStarted") == ("True", "ContainersStarted")
+
+
+MISSING_CONFIGMAP = (
+    'MountVolume.SetUp failed for volume "script" : configmap "train-script" not found'
+)
+
+
+def creating_pod(placed_seconds_ago: float) -> dict[str, Any]:
+    placed = (NOW - timedelta(seconds=placed_seconds_ago)).isoformat()
+    return {
+        "metadata": {"name": "bar-worker-1", "uid": "pod-uid"},
+        "spec": {"nodeName": "n1"},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": placed}
+            ],
+            "containerStatuses": [
+                {"name": "trainer", "state": {"waiting": {"reason": "ContainerCreating"}}}
+            ],
+        },
+    }
+
+
+def test_a_worker_still_creating_its_containers_is_looked_at_for_mount_failures() -> None:
+    """Placed 4 s ago, creating its containers: the job comes back when the kubelet's
+    FailedMount Events are due a look, and every MOUNT_RELOOK_SECONDS after."""
+    fresh = PodView.from_pod(creating_pod(4))
+    assert fresh.creating_since == (NOW - timedelta(seconds=4)).isoformat()
+    assert not mount_look_due(fresh, NOW)
+    assert mount_look_due(PodView.from_pod(creating_pod(10)), NOW)
+    fresh = dataclasses.replace(fresh, index=1, attempt=0, owner_uid=UID)
+    decision = decide(job({"phase": "Pending"}), [pod(0), fresh], NOW)
+    assert decision.requeue_after == pytest.approx(names.MOUNT_LOOK_AFTER_SECONDS - 4)
+    late = dataclasses.replace(
+        PodView.from_pod(creating_pod(60)), index=1, attempt=0, owner_uid=UID
+    )
+    decision = decide(job({"phase": "Pending"}), [pod(0), late], NOW)
+    assert decision.requeue_after == names.MOUNT_RELOOK_SECONDS
+    assert condition(decision, "ContainersStarted") is None  # nothing known against it yet
+
+
+def test_a_pulling_or_started_pod_is_not_creating() -> None:
+    pulling = creating_pod(60)
+    pulling["status"]["containerStatuses"][0]["state"] = {
+        "waiting": {"reason": "ImagePullBackOff", "message": "back-off"}
+    }
+    assert PodView.from_pod(pulling).creating_since is None
+    running = creating_pod(60)
+    running["status"]["phase"] = "Running"
+    assert PodView.from_pod(running).creating_since is None
+    unplaced = creating_pod(60)
+    unplaced["status"]["conditions"][0]["status"] = "False"
+    assert PodView.from_pod(unplaced).creating_since is None
+
+
+def test_a_volume_the_kubelet_cannot_mount_is_said_once_with_the_fix_and_cleared() -> None:
+    stuck = dataclasses.replace(
+        PodView.from_pod(creating_pod(30)),
+        index=1,
+        attempt=0,
+        owner_uid=UID,
+        cannot_mount=MISSING_CONFIGMAP,
+    )
+    first = decide(job({"phase": "Pending"}), [pod(0), stuck], NOW)
+    started = next(c for c in first.status.conditions if c.type == "ContainersStarted")
+    assert (started.status, started.reason) == ("False", "VolumeCannotMount")
+    assert started.message.startswith(
+        f"bar-worker-1: volume not mounted (kubelet, FailedMount): {MISSING_CONFIGMAP}: "
+        "create that ConfigMap in the job's namespace"
+    ), started.message
+    assert "template.volumes" in started.message
+    assert ("Warning", "VolumeCannotMount") in [(e.type, e.reason) for e in first.events]
     again = decide(job(first.status.model_dump(by_alias=True)), [pod(0), stuck], NOW)
     assert again.events == ()
     cleared = decide(job(again.status.model_dump(by_alias=True)), [pod(0), pod(1)], NOW)

@@ -56,6 +56,11 @@
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# a worker still creating its containers: Controller._with_mount_failures ->
+# Kube.newest_event_message (the kubelet's FailedMount, said nowhere in the pod)
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["list"]
 # spec.scheduling.gang.scheduler kubernetes: Controller._act(CreateWorkers) ->
 # Kube.create(gang.build_pod_group)
 - apiGroups: ["scheduling.k8s.io"]

@@ -33,7 +33,7 @@ from kube_ddp.status.lifecycle import FINISHED, UNDER_WAY
 from kube_ddp.status.mpi import decide_mpi
 from kube_ddp.status.refusals import Refusal, classify, most_decisive, refuse
 from kube_ddp.status.torchrun import decide_torchrun
-from kube_ddp.status.views import MPIJobView, PodView
+from kube_ddp.status.views import MPIJobView, PodView, mount_look_due
 
 __all__ = [
     "FINISHED",
@@ -52,6 +52,7 @@ __all__ = [
     "classify",
     "decide",
     "most_decisive",
+    "mount_look_due",
     "node_lost",
     "refuse",
     "reject",

@@ -22,7 +22,7 @@ from kube_ddp.api import (
 )
 from kube_ddp.reasons import Reason
 from kube_ddp.status.draft import DeleteJob, Draft, Event, condition_status
-from kube_ddp.status.views import PodView
+from kube_ddp.status.views import PodView, mount_failure
 
 FINISHED: tuple[Phase, ...] = ("Succeeded", "Failed")
 # Phases in which a group is under way: a suspend then is a preemption.
@@ -163,18 +163,33 @@ def _straggler(draft: Draft, workers: list[PodView]) -> None:
 
 def _containers_started(draft: Draft, workers: list[PodView]) -> None:
     """ContainersStarted=False naming the first worker whose container the kubelet cannot
-    start, in the kubelet's words (it keeps retrying: a pull may come through, a Secret may be
-    made); True again once none is stuck."""
-    stuck = [p for p in workers if p.cannot_start]
+    start or whose volume it cannot mount, in the kubelet's words (it keeps retrying: a pull
+    may come through, a Secret may be made); True again once none is stuck. A worker still
+    creating its containers brings the job back when its FailedMount Events are due a look."""
+    stuck = [
+        (p, words, reason)
+        for p in workers
+        for words, reason in (
+            (p.cannot_start, Reason.CONTAINER_CANNOT_START),
+            (p.cannot_mount and mount_failure(p.cannot_mount), Reason.VOLUME_CANNOT_MOUNT),
+        )
+        if words
+    ]
     was = condition_status(draft.status, "ContainersStarted")
     if stuck:
-        message = f"{stuck[0].name}: {stuck[0].cannot_start}"
+        pod, words, reason = stuck[0]
+        message = f"{pod.name}: {words}"
         if was != "False":
-            draft.events.append(Event("Warning", Reason.CONTAINER_CANNOT_START, message))
-        draft.condition("ContainersStarted", "False", Reason.CONTAINER_CANNOT_START, message)
+            draft.events.append(Event("Warning", reason, message))
+        draft.condition("ContainersStarted", "False", reason, message)
     elif was == "False":
         message = "No worker's container is waiting on the kubelet any more"
         draft.condition("ContainersStarted", "True", Reason.CONTAINERS_STARTED, message)
+    for pod in workers:
+        if pod.creating_since is not None:
+            since = datetime.fromisoformat(pod.creating_since)
+            due = names.MOUNT_LOOK_AFTER_SECONDS - (draft.now - since).total_seconds()
+            draft.requeue(due if due > 0 else names.MOUNT_RELOOK_SECONDS)
 
 
 def _schedulable(draft: Draft, workers: list[PodView], nodes: int, group: str | None) -> None:

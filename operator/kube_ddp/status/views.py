@@ -30,6 +30,11 @@ class PodView:
     scheduled: bool = False
     unschedulable: str | None = None  # the scheduler's message when it cannot place the pod
     cannot_start: str | None = None  # the kubelet's words when it cannot start a container
+    # Since when the kubelet has been creating its containers (placed, none created yet: the
+    # volumes are mounted then); None otherwise.
+    creating_since: str | None = None
+    # The kubelet's FailedMount Event while it is so: the shell reads it (`with_mount_failure`)
+    cannot_mount: str | None = None
     owner_uid: str | None = None
     role: str | None = None  # launcher mpi: the MPI Operator's "launcher" or "worker"
     created_at: str | None = None
@@ -76,6 +81,7 @@ class PodView:
             or scheduled.get("status") == "True",
             unschedulable=unschedulable,
             cannot_start=_cannot_start(status),
+            creating_since=_creating_since(status, scheduled),
             owner_uid=owners[0].get("uid") if owners else None,
             created_at=metadata.get("creationTimestamp"),
             node=pod.get("spec", {}).get("nodeName"),
@@ -171,12 +177,45 @@ STUCK_WAITING_REASONS = frozenset(
 )
 
 
+# The kubelet's waiting reasons before it has created any container of the pod.
+CREATING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
+
+
+def _creating_since(status: Mapping[str, Any], scheduled: Mapping[str, Any]) -> str | None:
+    """When the pod was placed, if it is Pending with no container created yet."""
+    if status.get("phase", "Pending") != "Pending" or scheduled.get("status") != "True":
+        return None
+    containers = (*status.get("initContainerStatuses", []), *status.get("containerStatuses", []))
+    for container in containers:
+        waiting = (container.get("state") or {}).get("waiting")
+        if waiting is None or waiting.get("reason") not in CREATING_REASONS:
+            return None
+    return scheduled.get("lastTransitionTime")
+
+
+def mount_look_due(pod: PodView, now: datetime) -> bool:
+    """Whether the shell should read `pod`'s FailedMount Events: it has been creating its
+    containers for names.MOUNT_LOOK_AFTER_SECONDS."""
+    since = _timestamp(pod.creating_since)
+    return since is not None and (now - since).total_seconds() >= names.MOUNT_LOOK_AFTER_SECONDS
+
+
 # What to change, for a kubelet message that names the cause but not the job's field.
 CANNOT_START_FIXES = {
     "image will run as root": "the image's user is root: give the job "
     "template.securityContext.runAsUser: 0 (kube-ddp then leaves runAsNonRoot out; the pods "
     "meet the baseline Pod Security Standard, not restricted), or an image with a non-root USER",
+    'configmap "': "create that ConfigMap in the job's namespace (the kubelet keeps retrying "
+    "and the workers start once it exists), or name an existing one in template.volumes",
+    'secret "': "create that Secret in the job's namespace (the kubelet keeps retrying and the "
+    "workers start once it exists), or name an existing one in template.volumes",
 }
+
+
+def mount_failure(message: str) -> str:
+    """The words for ContainersStarted=False of a FailedMount Event's `message`."""
+    fixes = [fix for cause, fix in CANNOT_START_FIXES.items() if cause in message]
+    return ": ".join(["volume not mounted (kubelet, FailedMount)", message, *fixes])
 
 
 def _cannot_start(status: Mapping[str, Any]) -> str | None:
