@@ -186,7 +186,7 @@ REJECTIONS = [
     ),
     Rejection(
         "kubernetes gang with mpi",
-        {"nodes": 2, "launcher": "mpi", "scheduling": {"gang": {}}},
+        {"nodes": 2, "launcher": "mpi", "scheduling": {"gang": {"scheduler": "kubernetes"}}},
         "spec: scheduling.gang with launcher mpi needs scheduler coscheduling or volcano: the "
         "MPI Operator drops spec.schedulingGroup, by which a pod joins a kubernetes PodGroup, "
         "from the pods it creates",
@@ -195,14 +195,15 @@ REJECTIONS = [
     Rejection(
         "gang timeout for another scheduler",
         {"nodes": 2, "scheduling": {"gang": {"scheduleTimeoutSeconds": 60}}},
-        "spec.scheduling.gang: scheduleTimeoutSeconds is read only by scheduler coscheduling",
+        "spec.scheduling.gang: scheduleTimeoutSeconds is read only by scheduler coscheduling: "
+        "name it",
         rule=True,
     ),
     Rejection(
         "volcano queue for another scheduler",
         {"nodes": 2, "scheduling": {"gang": {"scheduler": "coscheduling", "queue": "q"}}},
-        "spec.scheduling.gang: queue is read only by scheduler volcano (a Kueue queue is the "
-        "label kueue.x-k8s.io/queue-name)",
+        "spec.scheduling.gang: queue is read only by scheduler volcano: name it (a Kueue queue "
+        "is the label kueue.x-k8s.io/queue-name)",
         rule=True,
     ),
     Rejection(

@@ -533,24 +533,28 @@ class GangPolicy(Model):
 
     RULES = (
         Rule(
-            cel="!has(self.scheduleTimeoutSeconds) || self.scheduler == 'coscheduling'",
-            message="scheduleTimeoutSeconds is read only by scheduler coscheduling",
+            cel="!has(self.scheduleTimeoutSeconds) || "
+            "(has(self.scheduler) && self.scheduler == 'coscheduling')",
+            message="scheduleTimeoutSeconds is read only by scheduler coscheduling: name it",
             holds=lambda g: g.schedule_timeout_seconds is None or g.scheduler == "coscheduling",
         ),
         Rule(
-            cel="!has(self.queue) || self.scheduler == 'volcano'",
-            message="queue is read only by scheduler volcano (a Kueue queue is the label "
-            "kueue.x-k8s.io/queue-name)",
+            cel="!has(self.queue) || (has(self.scheduler) && self.scheduler == 'volcano')",
+            message="queue is read only by scheduler volcano: name it (a Kueue queue is the "
+            "label kueue.x-k8s.io/queue-name)",
             holds=lambda g: g.queue is None or g.scheduler == "volcano",
         ),
     )
 
-    scheduler: GangScheduler = Field(
-        "kubernetes",
+    scheduler: GangScheduler | None = Field(
+        None,
         description="Whose PodGroup: kubernetes (scheduling.k8s.io/v1alpha2, kube-scheduler's "
         "GangScheduling plugin; alpha, behind the GenericWorkload and GangScheduling feature "
         "gates), coscheduling (scheduler-plugins, scheduling.x-k8s.io/v1alpha1) or volcano "
-        "(scheduling.volcano.sh/v1beta1).",
+        "(scheduling.volcano.sh/v1beta1). Unset: the first of kubernetes, volcano and "
+        "coscheduling whose PodGroup this cluster serves (launcher mpi: volcano, then "
+        "coscheduling), looked up as the pods are made; none served fails the job saying "
+        "what to install.",
     )
     min_member: int | None = Field(
         None,
@@ -829,8 +833,8 @@ class DDPTrainingJobSpec(Model):
             # The MPI Operator v0.8.2 reads its MPIJobs with Kubernetes 1.35's PodSpec, which has
             # no schedulingGroup: the pods it creates could never join Kubernetes' PodGroup.
             cel="!has(self.scheduling) || !has(self.scheduling.gang) || self.launcher != 'mpi' "
-            "|| (has(self.scheduling.gang.scheduler) && "
-            "self.scheduling.gang.scheduler != 'kubernetes')",
+            "|| !has(self.scheduling.gang.scheduler) "
+            "|| self.scheduling.gang.scheduler != 'kubernetes'",
             message="scheduling.gang with launcher mpi needs scheduler coscheduling or volcano: "
             "the MPI Operator drops spec.schedulingGroup, by which a pod joins a kubernetes "
             "PodGroup, from the pods it creates",

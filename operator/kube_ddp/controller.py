@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -103,6 +104,11 @@ class ChildrenRefusedError(Exception):
 class WaitingForRoomError(Exception):
     """A refusal that waits (a full quota) holds the job; its status says so. Retried with
     the same backoff as an error, and no event of its own pods creates the group sooner."""
+
+
+# How long an answer of the API server's discovery (is a gang's PodGroup kind served) is kept:
+# a scheduler installed meanwhile is found for jobs made after it.
+SERVED_TTL_SECONDS = 60.0
 
 
 def utcnow() -> datetime:
@@ -223,6 +229,8 @@ class Controller:
     # kept for the next reconcile, which may run after both events: gone from the index, the
     # worker would read as vanished, and its failure say less than its last look did.
     last_words: dict[Key, dict[str, PodView]] = field(default_factory=dict)
+    # Gang PodGroup apiVersions: whether served, and the loop time it was asked (`_served`).
+    served_cache: dict[str, tuple[bool, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.expectations = Expectations(self.config.expectation_timeout)
@@ -286,6 +294,11 @@ class Controller:
         if job.spec.launcher == "mpi" and not self.watches_mpijobs():
             await self._apply(key, body, status, reject(status, [MPI_OPERATOR_MISSING], now))
             return
+        resolved = gang.resolve(job, await self._served(gang.candidates(job)))
+        if isinstance(resolved, str):
+            await self._apply(key, body, status, reject(status, [resolved], now))
+            return
+        job = resolved
         index = self.mpi_pods if job.spec.launcher == "mpi" else self.pods
         pods = list(index.get(key, [])) if index is not None else []
         # Said once, and only to a group under way: the decision that sees them records the
@@ -328,6 +341,21 @@ class Controller:
             return
         self.held_until.pop(key, None)
         await self._apply(key, body, status, decision)
+
+    async def _served(self, candidates: Iterable[str]) -> set[str]:
+        """The PodGroup apiVersions of `candidates` (gang schedulers) this cluster serves,
+        each asked at most once a SERVED_TTL_SECONDS."""
+        now = asyncio.get_running_loop().time()
+        found = set()
+        for scheduler in candidates:
+            api_version = gang.KINDS[scheduler].api_version
+            served, asked = self.served_cache.get(api_version, (False, -math.inf))
+            if now - asked > SERVED_TTL_SECONDS:
+                served = await self.kube.serves(api_version)
+                self.served_cache[api_version] = (served, now)
+            if served:
+                found.add(api_version)
+        return found
 
     async def _with_mount_failures(
         self, namespace: str, pods: list[PodView], now: datetime

@@ -1,5 +1,7 @@
 """Pure builders of gang (all-or-nothing) scheduling: a job's PodGroup, and what its worker
-pods carry to join it, for the three schedulers `spec.scheduling.gang.scheduler` names.
+pods carry to join it, for the three schedulers `spec.scheduling.gang.scheduler` names. A gang
+that names none gets the first of `AUTO_ORDER` the cluster serves (`resolve`, given what the
+shell found served): most clusters run one of them at most, and which one is theirs to say.
 
 - kubernetes: `scheduling.k8s.io/v1alpha2` (`spec.schedulingPolicy.gang.minCount`); a worker
   names it in `spec.schedulingGroup.podGroupName`; the pod's own scheduler (default-scheduler).
@@ -22,6 +24,7 @@ makes a PodGroup of the same name (the MPIJob's, which is the job's) owned by th
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Final
 
@@ -71,6 +74,54 @@ KINDS: Final[dict[str, GangKind]] = {
 }
 
 
+# Kubernetes' own first: served only where its alpha gates were turned on, by choice, and it
+# needs no second scheduler. Volcano before coscheduling: its PodGroup is the one batch
+# platforms install most.
+AUTO_ORDER: Final = ("kubernetes", "volcano", "coscheduling")
+
+
+def candidates(job: DDPTrainingJob) -> tuple[str, ...]:
+    """The schedulers the job's gang may use: the one it names, else AUTO_ORDER (launcher mpi:
+    without kubernetes, whose pods' schedulingGroup the MPI Operator drops)."""
+    gang = gang_of(job)
+    if gang is None:
+        return ()
+    if gang.scheduler is not None:
+        return (gang.scheduler,)
+    mpi = job.spec.launcher == "mpi"
+    return tuple(s for s in AUTO_ORDER if not (mpi and s == "kubernetes"))
+
+
+def scheduler_of(job: DDPTrainingJob) -> str:
+    """The gang's scheduler: the one named or resolved, else the first candidate (what `render`
+    shows, with no cluster to ask)."""
+    return candidates(job)[0]
+
+
+def resolve(job: DDPTrainingJob, served: Collection[str]) -> DDPTrainingJob | str:
+    """`job` with its gang's scheduler named: the first candidate whose PodGroup apiVersion is
+    in `served`. Unchanged without a gang or with a named scheduler; the reason it cannot run
+    where no candidate is served."""
+    scheduling = job.spec.scheduling
+    gang = scheduling.gang if scheduling is not None else None
+    if scheduling is None or gang is None or gang.scheduler is not None:
+        return job
+    for scheduler in candidates(job):
+        if KINDS[scheduler].api_version in served:
+            chosen = gang.model_copy(update={"scheduler": scheduler})
+            named = scheduling.model_copy(update={"gang": chosen})
+            return job.model_copy(
+                update={"spec": job.spec.model_copy(update={"scheduling": named})}
+            )
+    kinds = ", ".join(f"{s} ({KINDS[s].kind} {KINDS[s].api_version})" for s in candidates(job))
+    return (
+        "scheduling.gang names no scheduler and this cluster serves the PodGroup of none of "
+        f"{kinds}: install Volcano or scheduler-plugins' coscheduling and name it in "
+        "scheduling.gang.scheduler, or remove scheduling.gang (a job queued in Kueue waits "
+        "until all of it fits without one)"
+    )
+
+
 def gang_of(job: DDPTrainingJob) -> GangPolicy | None:
     scheduling = job.spec.scheduling
     return scheduling.gang if scheduling is not None else None
@@ -98,10 +149,11 @@ def build_pod_group(job: DDPTrainingJob, labels: dict[str, str]) -> Obj | None:
     gang = gang_of(job)
     if gang is None:
         return None
-    kind = KINDS[gang.scheduler]
+    scheduler = scheduler_of(job)
+    kind = KINDS[scheduler]
     count = min_member(job)
     spec: Obj
-    if gang.scheduler == "kubernetes":
+    if scheduler == "kubernetes":
         spec = {"schedulingPolicy": {"gang": {"minCount": count}}}
     else:
         spec = {"minMember": count}
@@ -109,7 +161,7 @@ def build_pod_group(job: DDPTrainingJob, labels: dict[str, str]) -> Obj | None:
             spec["scheduleTimeoutSeconds"] = gang.schedule_timeout_seconds
         if gang.queue is not None:
             spec["queue"] = gang.queue
-        if gang.scheduler == "volcano" and job.spec.template.priority_class_name:
+        if scheduler == "volcano" and job.spec.template.priority_class_name:
             spec["priorityClassName"] = job.spec.template.priority_class_name
     return {
         "apiVersion": kind.api_version,
@@ -128,7 +180,7 @@ def join(job: DDPTrainingJob, pod: Obj) -> Obj:
     gang = gang_of(job)
     if gang is None:
         return pod
-    kind = KINDS[gang.scheduler]
+    kind = KINDS[scheduler_of(job)]
     group = pod_group_name(job)
     metadata = dict(pod["metadata"])
     spec = dict(pod["spec"])
@@ -136,7 +188,7 @@ def join(job: DDPTrainingJob, pod: Obj) -> Obj:
         metadata["labels"] = {**metadata.get("labels", {}), kind.label: group}
     if kind.annotation:
         metadata["annotations"] = {**metadata.get("annotations", {}), kind.annotation: group}
-    if gang.scheduler == "kubernetes":
+    if scheduler_of(job) == "kubernetes":
         spec["schedulingGroup"] = {"podGroupName": group}
     if kind.scheduler_name and "schedulerName" not in spec:
         spec["schedulerName"] = kind.scheduler_name
@@ -155,8 +207,7 @@ def describe(job: DDPTrainingJob) -> str | None:
 
 def not_served(job: DDPTrainingJob) -> str:
     """Why a job whose PodGroup kind the cluster does not serve cannot run."""
-    gang = gang_of(job)
-    scheduler = gang.scheduler if gang is not None else "kubernetes"
+    scheduler = scheduler_of(job)
     kind = KINDS[scheduler]
     return (
         f"scheduling.gang.scheduler {scheduler} needs {kind.kind} {kind.api_version}, which this "

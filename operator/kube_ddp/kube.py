@@ -228,6 +228,14 @@ class Kube:
         except NotFoundError:
             return None
 
+    async def serves(self, api_version: str) -> bool:
+        """Whether the API server serves `api_version` (group/version): its discovery."""
+        try:
+            await self.request("GET", f"/apis/{api_version}")
+        except NotFoundError:
+            return False
+        return True
+
     async def newest_event_message(self, namespace: str, uid: str, reason: str) -> str | None:
         """The message of the newest Event of `reason` about the object `uid`, if any."""
         selector = quote(f"involvedObject.uid={uid},reason={reason}")

@@ -205,3 +205,24 @@ def test_an_mpi_gang_reaches_the_mpi_operators_pods(
     assert group["spec"]["minMember"] == 3
     assert group["metadata"]["ownerReferences"][0]["kind"] == "DDPTrainingJob"
     assert jobs.status("mg")["phase"] == "Pending"
+
+
+def test_an_mpi_gang_naming_no_scheduler_gets_volcano_where_served(
+    mpi_operator: None, gang_crds: None, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """`gang: {}` with launcher mpi on a cluster serving all three PodGroups: kubernetes' is
+    skipped (the MPI Operator drops schedulingGroup), Volcano's comes before coscheduling's."""
+    jobs.create(job_manifest("ag", nodes=2, accelerator=GPU, scheduling={"gang": {}}, **MPI))
+    pods = wait_for(lambda: len(found := jobs.pods("ag")) == 3 and found, "3 pods of ag")
+    kind = gang.KINDS["volcano"]
+    for pod in pods:
+        assert pod.metadata.annotations[kind.annotation or ""] == "ag"
+        assert pod.spec.scheduler_name == kind.scheduler_name
+    group: dict[str, Any] = jobs.cluster.custom_objects.get_namespaced_custom_object(
+        "scheduling.volcano.sh", "v1beta1", jobs.namespace, "podgroups", "ag"
+    )
+    assert group["spec"]["minMember"] == 3
+    stored = jobs.cluster.custom_objects.get_namespaced_custom_object(
+        "kubeddp.io", "v1alpha1", jobs.namespace, "ddptrainingjobs", "ag"
+    )
+    assert stored["spec"]["scheduling"]["gang"] == {}  # the job itself is left as written

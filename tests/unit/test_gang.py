@@ -142,8 +142,10 @@ def test_not_served_says_what_to_install() -> None:
 
 
 def test_a_cluster_without_the_pod_group_kind_fails_the_job_saying_what_it_needs() -> None:
+    kubernetes_gang = {"gang": {"scheduler": "kubernetes"}}
+
     async def scenario(fake: FakeApi, controller: Controller) -> None:
-        start(fake, controller, job_body(scheduling={"gang": {}}))
+        start(fake, controller, job_body(scheduling=kubernetes_gang))
         fake.answer("POST", "/podgroups$", 404, "the server could not find the requested resource")
         await controller.reconcile(KEY)
 
@@ -152,7 +154,80 @@ def test_a_cluster_without_the_pod_group_kind_fails_the_job_saying_what_it_needs
     (written,) = written_statuses(fake)
     assert written["phase"] == "Failed"
     message = written["conditions"][0]["message"]
-    assert message == "Invalid spec: " + gang.not_served(make_job(nodes=2, scheduling={"gang": {}}))
+    assert message == "Invalid spec: " + gang.not_served(
+        make_job(nodes=2, scheduling=kubernetes_gang)
+    )
+
+
+@pytest.mark.parametrize(
+    ("launcher", "served", "chosen"),
+    [
+        ("torchrun", {"kubernetes", "volcano", "coscheduling"}, "kubernetes"),
+        ("torchrun", {"volcano", "coscheduling"}, "volcano"),
+        ("torchrun", {"coscheduling"}, "coscheduling"),
+        ("mpi", {"kubernetes", "volcano", "coscheduling"}, "volcano"),
+        ("mpi", {"kubernetes", "coscheduling"}, "coscheduling"),
+    ],
+)
+def test_a_gang_naming_no_scheduler_gets_the_first_the_cluster_serves(
+    launcher: str, served: set[str], chosen: str
+) -> None:
+    job = make_job(nodes=2, launcher=launcher, scheduling={"gang": {}})
+    resolved = gang.resolve(job, {gang.KINDS[s].api_version for s in served})
+    assert not isinstance(resolved, str)
+    assert resolved.spec.scheduling is not None and resolved.spec.scheduling.gang is not None
+    assert resolved.spec.scheduling.gang.scheduler == chosen
+    assert job.spec.scheduling is not None and job.spec.scheduling.gang is not None
+    assert job.spec.scheduling.gang.scheduler is None  # the job itself is left as it is
+
+
+def test_a_named_scheduler_is_kept_whatever_is_served() -> None:
+    job = make_job(nodes=2, scheduling={"gang": {"scheduler": "coscheduling"}})
+    assert gang.resolve(job, set()) is job
+
+
+@pytest.mark.parametrize(("launcher", "tried"), [("torchrun", 3), ("mpi", 2)])
+def test_a_gang_whose_candidates_none_is_served_says_each_and_what_to_do(
+    launcher: str, tried: int
+) -> None:
+    job = make_job(nodes=2, launcher=launcher, scheduling={"gang": {}})
+    said = gang.resolve(job, {"scheduling.k8s.io/v1alpha2"} if launcher == "mpi" else set())
+    assert isinstance(said, str)
+    assert said.count("(PodGroup ") == tried, said
+    assert ("kubernetes (" in said) is (launcher == "torchrun")
+    assert "install Volcano or scheduler-plugins' coscheduling" in said
+    assert "or remove scheduling.gang" in said
+
+
+def test_the_controller_asks_discovery_once_and_builds_the_served_gang() -> None:
+    volcano = gang.KINDS["volcano"]
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        fake.objects[f"/apis/{volcano.api_version}"] = {"kind": "APIResourceList"}
+        start(fake, controller, job_body(scheduling={"gang": {}}))
+        await controller.reconcile(KEY)
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    (group,) = fake.made("POST", "/podgroups")
+    assert group.path.startswith(f"/apis/{volcano.api_version}/")
+    pods = [c.body for c in fake.made("POST", "/pods")]
+    assert pods and all(p["spec"]["schedulerName"] == "volcano" for p in pods)
+    for kind in gang.KINDS.values():  # each asked once: the second reconcile used the answers
+        assert len(fake.made("GET", f"/apis/{kind.api_version}")) == 1
+
+
+def test_a_cluster_serving_no_gang_fails_a_job_naming_none() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body(scheduling={"gang": {}}))
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    assert not fake.made("POST", "/pods")
+    (written,) = written_statuses(fake)
+    assert written["phase"] == "Failed"
+    said = gang.resolve(make_job(nodes=2, scheduling={"gang": {}}), set())
+    assert written["conditions"][0]["message"] == f"Invalid spec: {said}"
 
 
 @pytest.mark.parametrize(
