@@ -256,7 +256,7 @@ class RunPolicy(Model):
         3, ge=0, description="Group restarts allowed before the job is marked Failed."
     )
     restart_policy: Literal["OnFailure", "ExitCode", "Never"] = Field(
-        "ExitCode",
+        contract.DEFAULT_RESTART_POLICY,
         description="Which worker failures restart the group: ExitCode (eviction, deletion, "
         "node loss, exit codes >= 128 or listed in retryableExitCodes), OnFailure (any failure) "
         "or Never (the first failure fails the job).",
@@ -733,7 +733,7 @@ class DDPTrainingJobSpec(Model):
         "or gloo (cpu).",
     )
     port: int = Field(
-        29500,
+        contract.DEFAULT_PORT,
         ge=1024,
         le=MAX_PORT,
         description="Rendezvous port on worker 0 for the first attempt; a group restart's "

@@ -162,9 +162,9 @@ def _launcher_defaults(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
     spec = job.spec
     defaults: dict[str, str] = {}
     if spec.elastic is not None or spec.restarts_in_place:
-        # torchrun restarts reuse one TCP store across nodes and read the dead group's
-        # addresses from it (pytorch#135712) unless this is set.
-        defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        # Also for a torchrun of the job's own command (torch.distributed.run), which
+        # does not set it itself: contract.OWN_WORKER_STORE_ENV says why.
+        defaults[contract.OWN_WORKER_STORE_ENV] = "1"
     if spec.effective_backend == "nccl":
         defaults |= NCCL_WATCHDOG_ENV
     if spec.launcher == "mpi":

@@ -105,7 +105,7 @@ def every_worker_gets(index_env: dict[str, str]) -> dict[str, str]:
 
 
 # torchrun's restarts (elastic, or in place) re-form the group on a store of their own
-# (pytorch#135712: a shared one hands out the dead group's addresses)
+# (contract.OWN_WORKER_STORE_ENV says why)
 SEPARATE_RDZV_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 # What the pod's agent reads its failure rules from, where the ranks restart in place
 IN_PLACE_ENV = {"KUBEDDP_RESTART_POLICY": "ExitCode", "KUBEDDP_RETRYABLE_EXIT_CODES": ""}
@@ -173,7 +173,7 @@ CONTRACT = [
             "--rdzv-id=bar",
             "--max-restarts=3",
         ],
-        # torchrun restarts across nodes need it (pytorch#135712)
+        # torchrun restarts across nodes need it (contract.OWN_WORKER_STORE_ENV)
         launcher_defaults={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
     ),
     ContractCase(
