@@ -56,6 +56,22 @@ def test_patch_body_is_the_operators_training_progress() -> None:
     }
 
 
+def test_the_validation_loss_goes_with_the_epoch_when_given() -> None:
+    """status.training.valLoss: the curve's val-loss (status.trainingHistory)."""
+    patch = training_patch(
+        epoch=3,
+        epochs=10,
+        loss=0.5,
+        val_loss=0.123456789,
+        val_accuracy=0.9,
+        best_val_accuracy=0.91,
+        images_per_sec=1.0,
+        now=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+    )
+    assert patch["status"]["training"]["valLoss"] == 0.123457
+    assert "valLoss" not in PATCH["status"]["training"]
+
+
 def test_patch_body_has_rfc3339_utc_time_and_no_nan() -> None:
     east = timezone(timedelta(hours=2))
     patch = training_patch(
