@@ -20,6 +20,14 @@ from kube_ddp.api import TrainingHistory
 
 INSTALL_HINT = "pip install 'kube-ddp[plot]'"
 WIDTH, HEIGHT = 100, 20  # the terminal plot's largest size, in characters
+# Each curve's look, whichever others the history has: its marker in the terminal, its line
+# and color in the PNG.
+MARKERS = {"loss": "•", "val-loss": "x", "val-acc": "+"}
+LINES = {
+    "loss": ("o-", "tab:blue"),
+    "val-loss": ("s--", "tab:orange"),
+    "val-acc": ("^-", "tab:green"),
+}
 
 
 class PlotUnavailableError(Exception):
@@ -60,8 +68,8 @@ def text(history: TrainingHistory, title: str, width: int = WIDTH, color: bool =
     plotext.terminal.limit(False, False)  # the size asked for, whatever the terminal's
     figure.plot_size(max(40, min(width, WIDTH)), HEIGHT)
     key = []
-    for each, marker in zip(series(history), ("•", "x", "+"), strict=False):
-        side = "right" if each.right else "left"
+    for each in series(history):
+        marker, side = MARKERS[each.label], "right" if each.right else "left"
         figure.draw(figure.signal(each.epochs, each.values, marker=marker, yside=side).lines())
         key.append(f"{marker} {each.label}" + (" (right)" if each.right else ""))
     for kind, style, char in (("Restart", "heavy", "┃"), ("Preemption", "dotted", "┊")):
@@ -92,9 +100,9 @@ def png(history: TrainingHistory | None, title: str, path: Path) -> None:
     left = figure.subplots()
     right = left.twinx()
     handles = []
-    for each, style in zip(series(history), ("o-", "s--", "^-"), strict=False):
+    for each in series(history):
         axis = right if each.right else left
-        color = {"loss": "tab:blue", "val-loss": "tab:orange", "val-acc": "tab:green"}[each.label]
+        style, color = LINES[each.label]
         handles += axis.plot(each.epochs, each.values, style, label=each.label, color=color)
     for kind, style in (("Restart", "-"), ("Preemption", ":")):
         for i, mark in enumerate(m for m in history.marks if m.kind == kind):

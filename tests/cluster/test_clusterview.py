@@ -99,7 +99,7 @@ def test_describe_shows_a_restarted_job_on_one_screen(
     curve = screen.split("\nCurve:\n")[1].splitlines()
     assert f"{jobs.namespace}/bar" in curve[0]
     ticks = curve[-3].split()
-    assert (ticks[0], ticks[-1]) == ("1.0", "3.0")
+    assert (float(ticks[0]), float(ticks[-1])) == (1, 3)
     assert curve[-1].strip().split("   ") == ["• loss", "+ val-acc (right)", "┃ restart (2)"]
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 

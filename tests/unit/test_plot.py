@@ -57,6 +57,12 @@ def test_a_history_of_loss_alone_draws_loss_alone() -> None:
     drawn = plot.text(own, "own-script", width=60)
     assert drawn.splitlines()[-1].strip() == "• loss"
     assert "restart" not in drawn
+    # each curve keeps its own marker whichever others are there
+    no_val_loss = TrainingHistory(
+        points=[EpochPoint(epoch=e, loss=1 / e, val_accuracy=e / 4) for e in (1, 2, 3)]
+    )
+    key = plot.text(no_val_loss, "trainer", width=60).splitlines()[-1]
+    assert key.strip().split("   ") == ["• loss", "+ val-acc (right)"]
 
 
 def test_the_png_is_an_image(tmp_path: Path) -> None:
