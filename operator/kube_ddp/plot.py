@@ -85,7 +85,8 @@ def text(history: TrainingHistory, title: str, width: int = WIDTH, color: bool =
     figure.label("val-acc", axis="y", side="right")
     drawn: str = figure.build().string(colorless=not color)
     figure.clear()
-    return drawn.rstrip("\n") + "\n    " + "   ".join(key)
+    lines = [line.rstrip() for line in drawn.rstrip("\n").splitlines()]  # plotext pads them
+    return "\n".join([*lines, "    " + "   ".join(key)])
 
 
 def png(history: TrainingHistory | None, title: str, path: Path) -> None:
