@@ -1,8 +1,8 @@
 """The run's curve as a picture: in the terminal (plotext) and as a PNG (matplotlib).
 
-Drawn from `status.trainingHistory`: loss and validation loss on the left
-axis, validation accuracy on the right one, by epoch, a vertical line where the group
-restarted (heavy) or was preempted (dotted). Both libraries are the `plot` extra of kube-ddp
+Drawn from `status.trainingHistory`: loss and validation loss on the left axis, validation
+accuracy on the right one, by epoch, a vertical line where the group restarted (heavy) or was
+preempted (dotted), and a key below. Both libraries are the `plot` extra of kube-ddp
 (`pip install 'kube-ddp[plot]'`), imported only here and only when a picture is asked for: the
 operator's image has neither, and without them `describe` and `run --local` say how to get
 the picture in one line.
@@ -31,7 +31,8 @@ LINES = {
 
 
 class PlotUnavailableError(Exception):
-    """The plot extra is not installed: what to install, in one line."""
+    """No picture can be made (the plot extra is missing, or no epoch has ended): why, in one
+    line."""
 
 
 @dataclass(frozen=True)
@@ -67,17 +68,26 @@ def text(history: TrainingHistory, title: str, width: int = WIDTH, color: bool =
     figure.clear()
     plotext.terminal.limit(False, False)  # the size asked for, whatever the terminal's
     figure.plot_size(max(40, min(width, WIDTH)), HEIGHT)
-    key = []
-    for each in series(history):
-        marker, side = MARKERS[each.label], "right" if each.right else "left"
-        figure.draw(figure.signal(each.epochs, each.values, marker=marker, yside=side).lines())
-        key.append(f"{marker} {each.label}" + (" (right)" if each.right else ""))
-    for kind, style, char in (("Restart", "heavy", "┃"), ("Preemption", "dotted", "┊")):
+    figure.theme("simple")  # the terminal's own background; the curves in colors
+    curves, key = series(history), []
+    # The marks first, so the curves are drawn over them: a vertical run of their character
+    # across the left axis's values (the right's where the left has none).
+    spanned = [c.values for c in curves if not c.right] or [c.values for c in curves]
+    low, high = min(min(v) for v in spanned), max(max(v) for v in spanned)
+    for kind, char in (("Restart", "┃"), ("Preemption", "┊")):
         at = [m.epoch for m in history.marks if m.kind == kind]
+        side = "left" if any(not c.right for c in curves) else "right"
         for epoch in at:
-            figure.line(epoch, orientation=1, style=style)
+            figure.draw(figure.segment((epoch, epoch), (low, high), marker=char, yside=side))
         if at:
             key.append(f"{char} {kind.lower()} ({', '.join(f'{e:g}' for e in at)})")
+    for each in curves:
+        marker, side = MARKERS[each.label], "right" if each.right else "left"
+        figure.draw(figure.signal(each.epochs, each.values, marker=marker, yside=side).lines())
+    key = [
+        *(f"{MARKERS[c.label]} {c.label}" + (" (right)" if c.right else "") for c in curves),
+        *key,
+    ]
     figure.legend(False)  # the key goes below: a legend box would hide the first epochs
     figure.title(title)
     figure.label("epoch", axis="x")

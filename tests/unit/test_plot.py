@@ -50,6 +50,8 @@ def test_the_curve_in_text_has_its_axes_series_and_marks() -> None:
         "┊ preemption (8.2)",
     ]
     assert "12.0" in drawn and "1.0" in drawn  # the epochs on the x axis
+    colored = plot.text(HISTORY, "team-a/digits", width=90, color=True)  # for a terminal
+    assert "\033[38;5;" in colored and "\033[48;5;" not in colored  # its own background
 
 
 def test_a_history_of_loss_alone_draws_loss_alone() -> None:
