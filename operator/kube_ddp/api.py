@@ -1110,6 +1110,7 @@ class TrainingProgress(StatusModel):
     epoch: int | None = Field(None, description="Epochs completed.")
     epochs: int | None = Field(None, description="Epochs planned.")
     loss: float | None = Field(None, description="Training loss of the last epoch.")
+    val_loss: float | None = Field(None, description="Validation loss of the last epoch.")
     val_accuracy: float | None = Field(None, description="Validation accuracy (0-1).")
     best_val_accuracy: float | None = Field(None, description="Best validation accuracy so far.")
     images_per_sec: float | None = Field(None, description="Training throughput, all ranks.")
@@ -1190,6 +1191,45 @@ class AvoidedNode(StatusModel):
     until: datetime | None = Field(None, description="When the next pods may prefer it again.")
 
 
+# The bounds of status.trainingHistory: a curve a terminal can show, a few KiB of the object.
+HISTORY_POINTS = 100
+HISTORY_MARKS = 20
+
+
+class EpochPoint(StatusModel):
+    """One epoch's figures, as rank 0 reported them at the epoch's end."""
+
+    epoch: int = Field(ge=0, description="Epochs completed.")
+    loss: float | None = Field(None, description="Training loss of the epoch.")
+    val_loss: float | None = Field(None, description="Validation loss after it.")
+    val_accuracy: float | None = Field(None, description="Validation accuracy after it (0-1).")
+
+
+class CurveMark(StatusModel):
+    """A restart or a preemption, where the curve was when it happened."""
+
+    epoch: float = Field(
+        ge=0, description="Epochs done when it happened (a fraction: steps into the next)."
+    )
+    kind: Literal["Restart", "Preemption"] = Field(description="Restart or Preemption.")
+
+
+class TrainingHistory(StatusModel):
+    """The run's curve, kept by the operator from rank 0's reports of each epoch's end: at most
+    HISTORY_POINTS points, thinned to every other one (the newest kept) when full."""
+
+    points: list[EpochPoint] = Field(
+        default_factory=list,
+        max_length=HISTORY_POINTS,
+        description="Epochs by number; a resumed run replaces those it trains again.",
+    )
+    marks: list[CurveMark] = Field(
+        default_factory=list,
+        max_length=HISTORY_MARKS,
+        description="Restarts and preemptions, oldest first (the newest kept).",
+    )
+
+
 class JobStatus(StatusModel):
     """Observed state of a DDPTrainingJob."""
 
@@ -1240,6 +1280,11 @@ class JobStatus(StatusModel):
     )
     rank_restart: RankRestart | None = Field(
         None, description="The newest in-place restart, as the pod agent that made it reports it."
+    )
+    training_history: TrainingHistory | None = Field(
+        None,
+        description="The run's curve by epoch, restarts and preemptions marked (`kube-ddp "
+        "describe` plots it).",
     )
     avoided_nodes: list[AvoidedNode] = Field(
         default_factory=list,

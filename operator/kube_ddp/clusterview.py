@@ -18,11 +18,12 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from kube_ddp import names
+from kube_ddp import names, plot
 from kube_ddp.api import JobStatus, Obj
 
 KUBECTL_TIMEOUT_S = 60
@@ -346,9 +347,13 @@ def add_parsers(commands: Any) -> None:
 
     describe_parser = commands.add_parser(
         "describe",
-        help="a job on the cluster: phase, conditions, failure, progress, pods and Events",
+        help="a job on the cluster: phase, conditions, failure, progress, pods, Events and "
+        "the training curve",
     )
     describe_parser.add_argument("job", help="the DDPTrainingJob's name")
+    describe_parser.add_argument(
+        "--plot", type=Path, metavar="FILE.png", help="also write the training curve to FILE.png"
+    )
     _connection_flags(describe_parser)
     describe_parser.set_defaults(run=cmd_describe)
 
@@ -375,7 +380,19 @@ def cmd_describe(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
         return 1
     sys.stdout.write(describe(job, pods, events, datetime.now(UTC)))
-    return 0
+    return write_curve(job, args.plot, sys.stdout, sys.stderr)
+
+
+def write_curve(job: Obj, png_path: Path | None, out: TextIO, err: TextIO) -> int:
+    """describe's end: the job's training curve (`status.trainingHistory`), drawn for a
+    terminal, and written to `png_path` when given; 1 when that cannot be."""
+    try:
+        history = JobStatus.model_validate(job.get("status") or {}).training_history
+    except ValidationError:
+        history = None
+    metadata = job.get("metadata", {})
+    title = f"{metadata.get('namespace')}/{metadata.get('name')}"
+    return plot.show(history, title, out, err, png_path)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

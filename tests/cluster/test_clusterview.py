@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.cluster.operator_support import Jobs, OperatorProcess, job_manifest
-from tests.cluster.support import Cluster
+from tests.cluster.support import Cluster, wait_for
 
 KUBE_DDP = str(Path(sys.executable).parent / "kube-ddp")
 KUBECTL_DDP = str(Path(sys.executable).parent / "kubectl-ddp")
@@ -44,19 +44,34 @@ def report_progress(jobs: Jobs, name: str) -> None:
     jobs.report_training(name, training)
 
 
+def wait_curve(jobs: Jobs, name: str, epochs: list[int]) -> None:
+    """Until the operator has kept rank 0's epoch ends as the points of the job's curve."""
+
+    def kept() -> bool:
+        points = jobs.status(name).get("trainingHistory", {}).get("points", [])
+        return [p["epoch"] for p in points] == epochs
+
+    wait_for(kept, f"{name}'s status.trainingHistory to hold epochs {epochs}")
+
+
 def test_describe_shows_a_restarted_job_on_one_screen(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     policy = {"backoffLimit": 2, "restartStrategy": "Recreate"}  # a group restart: attempt 1
     jobs.create(job_manifest("bar", nodes=2, runPolicy=policy))
     jobs.wait_pods("bar", 2)
     jobs.wait_phase("bar", "Running")
+    for epoch in (1, 2):  # epoch ends, as rank 0 reports them (step 0)
+        jobs.report_training("bar", {"epoch": epoch, "step": 0, "loss": 1.5 / epoch})
+        wait_curve(jobs, "bar", list(range(1, epoch + 1)))
     jobs.end_worker("bar-worker-1", 137)
     jobs.wait_pods("bar", 2, attempt=1)
     jobs.wait_phase("bar", "Running")
     report_progress(jobs, "bar")
+    wait_curve(jobs, "bar", [1, 2, 3])
 
-    done = kube_ddp(cluster, "describe", "bar", "-n", jobs.namespace)
+    png = tmp_path / "bar.png"
+    done = kube_ddp(cluster, "describe", "bar", "-n", jobs.namespace, "--plot", str(png))
     assert done.returncode == 0, done.stderr
     screen = done.stdout
     assert f"Namespace:    {jobs.namespace}\n" in screen
@@ -80,6 +95,13 @@ def test_describe_shows_a_restarted_job_on_one_screen(
     ]
     events = screen.split("Events (last ")[1]
     assert "WorkerFailed" in events and "bar-worker-1 exited with code 137" in events
+    # the curve the operator kept: epochs 1 to 3, the restart marked after epoch 2
+    curve = screen.split("\nCurve:\n")[1].splitlines()
+    assert f"{jobs.namespace}/bar" in curve[0]
+    ticks = curve[-3].split()
+    assert (float(ticks[0]), float(ticks[-1])) == (1, 3)
+    assert curve[-1].strip().split("   ") == ["• loss", "+ val-acc (right)", "┃ restart (2)"]
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 def test_kubectl_ddp_is_a_kubectl_plugin(cluster: Cluster, jobs: Jobs) -> None:

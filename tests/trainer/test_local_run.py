@@ -77,6 +77,7 @@ def summary_value(stderr: str, key: str) -> str:
 
 
 def test_two_workers_of_one_process_train_to_succeeded(tmp_path: Path) -> None:
+    png = tmp_path / "curve.png"
     done = run_job(
         tmp_path,
         {
@@ -84,6 +85,8 @@ def test_two_workers_of_one_process_train_to_succeeded(tmp_path: Path) -> None:
             "trainer": {**DIGITS, "epochs": 2},
             "runPolicy": {"restartStrategy": "Recreate"},
         },
+        "--plot",
+        str(png),
     )
     assert done.returncode == 0, done.stderr
     assert placements(done.stdout) == {
@@ -97,6 +100,13 @@ def test_two_workers_of_one_process_train_to_succeeded(tmp_path: Path) -> None:
     assert summary_value(done.stderr, "epochs") == "2/2"
     last = epochs_of_rank_0(done.stdout)[-1]
     assert summary_value(done.stderr, "val-acc") == f"{last['val_accuracy']:.4f}"
+    # The run ends with its curve: both epochs, each with loss, val-loss and val-acc.
+    curve = done.stderr.split("\nCurve:\n", 1)[1].split("\nkube-ddp: wrote")[0].splitlines()
+    assert curve[0].strip() == "default/digits"
+    ticks = curve[-3].split()
+    assert (float(ticks[0]), float(ticks[-1])) == (1, 2)
+    assert curve[-1].strip().split("   ") == ["• loss", "x val-loss", "+ val-acc (right)"]
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 def test_two_workers_of_two_processes_under_torchrun(tmp_path: Path) -> None:

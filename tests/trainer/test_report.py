@@ -8,6 +8,7 @@ import logging
 import sys
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,15 +30,16 @@ class Clock:
         return self.now
 
 
-PATCH = training_patch(
-    epoch=3,
-    epochs=10,
-    loss=0.123456789,
-    val_accuracy=0.9,
-    best_val_accuracy=0.91,
-    images_per_sec=1234.56,
-    now=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
-)
+EPOCH: dict[str, Any] = {
+    "epoch": 3,
+    "epochs": 10,
+    "loss": 0.123456789,
+    "val_accuracy": 0.9,
+    "best_val_accuracy": 0.91,
+    "images_per_sec": 1234.56,
+    "now": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+}
+PATCH = training_patch(**EPOCH)
 
 
 def test_patch_body_is_the_operators_training_progress() -> None:
@@ -54,6 +56,13 @@ def test_patch_body_is_the_operators_training_progress() -> None:
             }
         }
     }
+
+
+def test_the_validation_loss_goes_with_the_epoch_when_given() -> None:
+    """status.training.valLoss: the curve's val-loss (status.trainingHistory)."""
+    patch = training_patch(**EPOCH, val_loss=0.123456789)
+    assert patch["status"]["training"]["valLoss"] == 0.123457
+    assert "valLoss" not in PATCH["status"]["training"]
 
 
 def test_patch_body_has_rfc3339_utc_time_and_no_nan() -> None:

@@ -605,3 +605,54 @@ def test_processes_a_worker_started_in_sessions_of_their_own_go_with_it(tmp_path
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_run_ends_with_its_curve_one_line_across_a_restart(tmp_path: Path) -> None:
+    """Rank 0 reports epochs 1 to 3 at once (each a point, though the runner looks once),
+    its peer is killed, and the group resumed at epoch 3 trains it again and epoch 4: one
+    curve over epochs 1 to 4, the restart marked at epoch 3, and the PNG written."""
+    script = (
+        "import os, signal, sys, time\n"
+        "from datetime import UTC, datetime\n"
+        "from pathlib import Path\n"
+        "from ddp_trainer.report import StatusReporter, training_patch\n"
+        "attempt, rank = os.environ['KUBEDDP_ATTEMPT'], os.environ['NODE_RANK']\n"
+        "reported = Path(os.environ['OUT'], 'reported')\n"
+        "def epoch(e, loss):\n"
+        "    patch = training_patch(epoch=e, epochs=4, loss=loss, val_loss=loss + 0.1,\n"
+        "        val_accuracy=0.5 + e / 10, best_val_accuracy=0.5 + e / 10,\n"
+        "        images_per_sec=100.0, now=datetime.now(UTC))\n"
+        "    patch['status']['training'].update(step=0, stepsPerEpoch=10)\n"
+        "    assert StatusReporter.from_env(os.environ).report(patch)\n"
+        "if attempt == '0' and rank == '0':\n"
+        "    [epoch(e, 1.0 / e) for e in (1, 2, 3)]; reported.touch(); time.sleep(600)\n"
+        "if attempt == '0':\n"
+        "    while not reported.exists(): time.sleep(0.05)\n"
+        "    time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "if rank == '0':\n"
+        "    [epoch(e, 0.9 / e) for e in (3, 4)]\n"
+    )
+    job = write_job(tmp_path, python_workers(script, env=out_env(tmp_path)))
+    png = tmp_path / "curve.png"
+    done = run_cli("run", "--local", "--plot", str(png), str(job))
+    assert done.returncode == 0, done.stderr
+    curve = done.stderr.split("\nCurve:\n", 1)[1].split("\nkube-ddp: wrote")[0].splitlines()
+    assert "ns1/bar" in curve[0]
+    assert curve[-2].split() == ["loss", "epoch", "val-acc"]
+    ticks = curve[-3].split()
+    assert (float(ticks[0]), float(ticks[-1])) == (1, 4)
+    assert curve[-1].strip().split("   ") == [
+        "• loss",
+        "x val-loss",
+        "+ val-acc (right)",
+        "┃ restart (3)",
+    ]
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert f"kube-ddp: wrote the training curve to {png}" in done.stderr
+
+
+def test_a_run_with_no_epoch_says_there_is_no_curve(tmp_path: Path) -> None:
+    job = write_job(tmp_path, python_workers("print('no epochs')", nodes=1))
+    done = run_cli("run", "--local", str(job))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.rstrip().endswith("Curve:        no epoch has ended yet")

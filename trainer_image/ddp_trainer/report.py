@@ -50,9 +50,10 @@ def training_patch(
     best_val_accuracy: float,
     images_per_sec: float,
     now: datetime,
+    val_loss: float | None = None,
 ) -> dict[str, Any]:
     """The JSON merge patch that sets status.training (the operator's TrainingProgress)."""
-    training = {
+    training: dict[str, Any] = {
         "epoch": epoch,
         "epochs": epochs,
         "loss": finite(loss, 6),
@@ -61,6 +62,8 @@ def training_patch(
         "imagesPerSec": finite(images_per_sec, 1),
         "updatedAt": stamp(now),
     }
+    if val_loss is not None:
+        training["valLoss"] = finite(val_loss, 6)
     return {"status": {"training": training}}
 
 

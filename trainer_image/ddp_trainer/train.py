@@ -708,6 +708,7 @@ class Recipe:
             epoch=metrics.epoch,
             epochs=self.options.epochs,
             loss=metrics.loss,
+            val_loss=metrics.val_loss,
             val_accuracy=metrics.val_accuracy,
             best_val_accuracy=self.progress.best_val_accuracy,
             images_per_sec=metrics.images_per_sec,

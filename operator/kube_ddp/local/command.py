@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kube_ddp import plot
 from kube_ddp.jobfile import InputError, read_jobs
 from kube_ddp.local.plan import LocalRunError, Machine, Overrides
 from kube_ddp.local.runner import RunOptions, run_local
@@ -41,6 +42,9 @@ def add_parser(commands: Any) -> None:
         default=10.0,
         help="seconds between SIGTERM and SIGKILL when a worker is stopped (default 10)",
     )
+    run.add_argument(
+        "--plot", type=Path, metavar="FILE.png", help="also write the training curve to FILE.png"
+    )
     run.set_defaults(run=cmd_run)
 
 
@@ -56,10 +60,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     for flag, value in (("--nodes", args.nodes), ("--nproc-per-node", args.nproc_per_node)):
         if value is not None and value < 1:
             raise InputError(f"{flag} must be at least 1, got {value}")
+    if args.plot is not None and not plot.can_write_png():
+        raise InputError(f"--plot {args.plot}: {plot.INSTALL_HINT}")
     options = RunOptions(
         overrides=Overrides(nodes=args.nodes, nproc_per_node=args.nproc_per_node, cpu=args.cpu),
         logs_dir=args.logs,
         stop_grace_s=args.grace_period,
+        plot_path=args.plot,
     )
     try:
         return run_local(jobs[0], options, Machine.detect(os.environ))

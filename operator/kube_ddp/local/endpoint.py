@@ -22,7 +22,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from kube_ddp import names
-from kube_ddp.api import DDPTrainingJob, RankRestart, StatusModel, TrainingProgress
+from kube_ddp.api import DDPTrainingJob, EpochPoint, RankRestart, StatusModel, TrainingProgress
+from kube_ddp.status.history import epoch_end
 
 # The status fields the workers write, each with the model that checks it
 WRITTEN_BY_WORKERS: dict[str, type[StatusModel]] = {
@@ -55,6 +56,7 @@ class StatusEndpoint(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.written: dict[str, dict[str, Any]] = {}
         self.reports = 0
+        self._epoch_ends: list[EpochPoint] = []  # each report of an epoch's end, in turn
         self.on_report: Callable[[], None] = lambda: None
         self._thread = threading.Thread(target=self.serve_forever, name="status-endpoint")
 
@@ -75,6 +77,13 @@ class StatusEndpoint(ThreadingHTTPServer):
         with self.lock:
             said = self.written.get(names.RANK_RESTART_FIELD)
         return RankRestart.model_validate(said) if said else None
+
+    def take_epoch_ends(self) -> list[EpochPoint]:
+        """The epoch ends reported since the last call: each is a point of the curve, even
+        when the next report replaced it before the runner looked."""
+        with self.lock:
+            taken, self._epoch_ends = self._epoch_ends, []
+        return taken
 
     def checkpoint_step(self) -> int | None:
         """The global step of the newest checkpoint rank 0 reported saved, if any."""
@@ -97,10 +106,13 @@ class StatusEndpoint(ThreadingHTTPServer):
                 merged = {**written.get(name, {}), **value}
                 merged = {key: each for key, each in merged.items() if each is not None}
                 try:
-                    WRITTEN_BY_WORKERS[name].model_validate(merged)
+                    model = WRITTEN_BY_WORKERS[name].model_validate(merged)
                 except ValidationError as error:
                     return str(error)
                 written[name] = merged
+                point = epoch_end(model) if isinstance(model, TrainingProgress) else None
+                if point is not None:
+                    self._epoch_ends.append(point)
             self.written = written
             self.reports += 1
         self.on_report()

@@ -25,12 +25,14 @@ from types import FrameType
 from typing import TextIO
 
 from ddp_trainer.contract import EXIT_PREEMPTED
+from kube_ddp import plot
 from kube_ddp.api import DDPTrainingJob, JobStatus
 from kube_ddp.local.console import Console, WorkerRecord, progress_line
 from kube_ddp.local.endpoint import StatusEndpoint
 from kube_ddp.local.plan import LocalSettings, Machine, Overrides, fit_job, worker_launches
 from kube_ddp.local.processes import LocalPod
 from kube_ddp.status import FINISHED, CreateWorkers, DeletePods, decide
+from kube_ddp.status.history import add_points
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
@@ -43,6 +45,7 @@ class RunOptions:
     overrides: Overrides = field(default_factory=Overrides)
     logs_dir: Path | None = None
     stop_grace_s: float = 10.0  # SIGTERM to SIGKILL, as terminationGracePeriodSeconds
+    plot_path: Path | None = None  # the training curve as a PNG, at the end
 
 
 def run_local(
@@ -90,13 +93,22 @@ def run_local(
                     "running it again resumes from there"
                 )
             console.summary(fitted.name, runner.status, runner.records)
+            _curve(fitted, runner.status, console, options.plot_path)
             console.close()
             return EXIT_INTERRUPTED
         finally:
             runner.stop_all()  # a no-op after a normal end; after an error, nothing is left
         console.summary(fitted.name, status, runner.records)
+        _curve(fitted, status, console, options.plot_path)
         console.close()
         return EXIT_SUCCEEDED if status.phase == "Succeeded" else EXIT_FAILED
+
+
+def _curve(job: DDPTrainingJob, status: JobStatus, console: Console, png: Path | None) -> None:
+    """The run's curve after the summary; a PNG that cannot be written is a note (the run's
+    exit code stays the job's)."""
+    title = f"{job.namespace}/{job.name}"
+    plot.show(status.training_history, title, console.err, console.err, png)
 
 
 class _Runner:
@@ -139,6 +151,10 @@ class _Runner:
             update={
                 "training": progress or self.status.training,
                 "rank_restart": self.endpoint.rank_restart() or self.status.rank_restart,
+                # every epoch end reported, as the endpoint got it: the core adds the newest
+                "training_history": add_points(
+                    self.status.training_history, self.endpoint.take_epoch_ends()
+                ),
             }
         )
         job = self.job.model_copy(update={"status": observed})

@@ -6,7 +6,8 @@ one of its pods; it must give the same answer when called again with the same in
 may repeat it at any time). One module per policy: `views` (what is read of pods and MPIJobs),
 `draft` (actions, Events, the decision being built), `lifecycle` (progress, suspend, deadline,
 the end and its cleanup), `failures` (restart or fail), `torchrun` and `mpi` (the two
-launchers' paths), `refusals` (what the API server's refusal of a child means for the job).
+launchers' paths), `refusals` (what the API server's refusal of a child means for the job),
+`history` (the run's curve by epoch, restarts and preemptions marked).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import datetime
 from kube_ddp.api import DDPTrainingJob, JobStatus
 from kube_ddp.builders import termination_grace_seconds
 from kube_ddp.reasons import Reason
+from kube_ddp.status import history
 from kube_ddp.status.draft import (
     Action,
     CreateWorkers,
@@ -83,6 +85,7 @@ def decide(
         decide_mpi(draft, job, mpijob, list(pods), set(expected), suspended_by)
     else:
         decide_torchrun(draft, job, list(pods), expected, suspended_by)
+    draft.update(training_history=history.follow(job.status or JobStatus(), draft.status))
     return draft.decision()
 
 
