@@ -46,11 +46,12 @@ print(json.dumps(runs))
 
 
 @contextmanager
-def running_mlflow_server(root: Path) -> Iterator[str]:
-    """`mlflow server` storing in `root` until the block ends; yields its URI."""
+def running_mlflow_server(root: Path, host: str = "127.0.0.1") -> Iterator[str]:
+    """`mlflow server` storing in `root`, listening on `host`, until the block ends; yields its
+    URI."""
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    uri = f"http://127.0.0.1:{port}"
+    uri = f"http://{host}:{port}"
     log = (root / "server.log").open("w")
     process = subprocess.Popen(
         [
@@ -58,7 +59,7 @@ def running_mlflow_server(root: Path) -> Iterator[str]:
             "server",
             f"--backend-store-uri=sqlite:///{root / 'mlflow.db'}",
             f"--default-artifact-root={root / 'artifacts'}",
-            "--host=127.0.0.1",
+            f"--host={host}",
             f"--port={port}",
             "--workers=1",
         ],
