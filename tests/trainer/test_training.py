@@ -38,6 +38,8 @@ def test_torchrun_two_processes_reach_the_target_on_idx_files(
     assert summary["stopped_early"] is True
     assert summary["epochs_run"] < 6
     assert summary["resumed_from_epoch"] is None
+    assert summary["first_epoch_seconds"] > 0
+    assert summary["peak_device_memory_mib"] is None  # a GPU's only (tests/trainer/test_cuda.py)
     assert [line["epoch"] for line in run.epochs] == list(range(1, summary["epochs_run"] + 1))
     assert {"loss", "val_loss", "val_accuracy", "images_per_sec", "epoch_time"} <= set(
         run.epochs[0]
