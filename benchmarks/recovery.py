@@ -47,6 +47,7 @@ from benchmarks.operator_measure import apply_our_crd
 from benchmarks.trainer import cpu_count, cpu_description
 from ddp_trainer.contract import HEARTBEAT_ENV
 from ddp_trainer.options import TrainerOptions, to_argv
+from ddp_trainer.warm import ENABLE_ENV as WARM_RANKS_ENV
 from kube_ddp import names
 from tests.cluster.support import REPO, Cluster, fresh_namespace, load_dev_cluster
 from tests.e2e.platform import DevPlatform, container_pid, dev_job_overrides, dev_mounts
@@ -121,12 +122,14 @@ class Contestant:
 @dataclass(frozen=True)
 class KubeDDPJob(Contestant):
     strategy: str = "InPlace"
+    warm_ranks: bool = True  # False: ddp_trainer.warm turned off (what warm ranks buy)
 
     def manifest(self, platform: DevPlatform, name: str, namespace: str, fault: str) -> Any:
+        off = [] if self.warm_ranks else [{"name": WARM_RANKS_ENV, "value": "0"}]
         spec: dict[str, Any] = {
             "nodes": ELASTIC[1] if fault == "elastic" else WORKERS,
             "trainer": TRAINER,
-            "env": _trainer_env(),
+            "env": [*_trainer_env(), *off],
             "runPolicy": {"restartStrategy": self.strategy, "backoffLimit": BACKOFF},
             "template": _checkpoints(platform, name, namespace),
         }
@@ -280,6 +283,13 @@ CONTESTANTS: dict[str, Contestant] = {
     for c in (
         KubeDDPJob("recreate", "kube-ddp, Recreate (before)", "kube-ddp", strategy="Recreate"),
         KubeDDPJob("inplace", "kube-ddp, InPlace", "kube-ddp", strategy="InPlace"),
+        KubeDDPJob(
+            "inplace-cold",
+            "kube-ddp, InPlace, no warm ranks",
+            "kube-ddp",
+            strategy="InPlace",
+            warm_ranks=False,
+        ),
         PyTorchJob("onfailure", "PyTorchJob, OnFailure", "training-operator", policy="OnFailure"),
         PyTorchJob("exitcode", "PyTorchJob, ExitCode", "training-operator", policy="ExitCode"),
         TrainJob("trainjob", "TrainJob (Trainer v2), defaults", "trainer-v2"),
