@@ -32,10 +32,12 @@ from kube_ddp.local.plan import (
     Overrides,
     fit_job,
     free_port,
+    local_state_dir,
     visible_gpus,
     worker_launches,
 )
 from kube_ddp.local.processes import exit_code_of
+from kube_ddp.local.runner import moved_dirs
 from tests.unit.support import REPO, job_document, make_job
 
 CPU_ONLY = Machine(gpus=(), cpus=2)
@@ -104,6 +106,34 @@ def test_overrides_are_validated_like_the_file() -> None:
     job = make_job(nodes=2, elastic={"minNodes": 2, "maxNodes": 4})
     with pytest.raises(LocalRunError, match=r"nodes must lie within elastic\.minNodes"):
         fit_job(job, Overrides(nodes=1), CPU_ONLY)
+
+
+def test_a_local_run_keeps_the_trainers_absolute_directories_under_its_own_folder(
+    tmp_path: Path,
+) -> None:
+    """No volume is mounted here and /data is rarely writable: the job's absolute dataDir,
+    checkpointDir and logDir go under the run's folder, kept between runs; an object store and
+    a relative path stay as written, and the run says what moved."""
+    trainer = {
+        "dataset": "mnist",
+        "dataDir": "/data",
+        "checkpointDir": "s3://bucket/run",
+        "logDir": "/mnt/logs/run-1",
+    }
+    job = make_job(nodes=2, trainer=trainer)
+    state = local_state_dir(job, {"XDG_CACHE_HOME": str(tmp_path)})
+    assert state == tmp_path / "kube-ddp" / "local" / job.namespace / job.name
+    fitted = fit_job(job, Overrides(), CPU_ONLY, state)
+    assert fitted.spec.trainer is not None
+    assert fitted.spec.trainer.data_dir == str(state / "data")
+    assert fitted.spec.trainer.checkpoint_dir == "s3://bucket/run"
+    assert fitted.spec.trainer.log_dir == str(state / "mnt" / "logs" / "run-1")
+    assert moved_dirs(job, fitted) == [
+        f"dataDir /data -> {state / 'data'} (here, not the cluster's volume)",
+        f"logDir /mnt/logs/run-1 -> {state / 'mnt/logs/run-1'} (here, not the cluster's volume)",
+    ]
+    relative = make_job(nodes=2, trainer={"dataset": "mnist", "dataDir": "datasets"})
+    assert moved_dirs(relative, fit_job(relative, Overrides(), CPU_ONLY, state)) == []
 
 
 # --- pods as processes -----------------------------------------------------------------------

@@ -108,9 +108,25 @@ def _ephemeral_low() -> int:
         return 0  # not Linux: the kernel's choice, as before
 
 
-def fit_job(job: DDPTrainingJob, overrides: Overrides, machine: Machine) -> DDPTrainingJob:
+# The trainer's directories a local run keeps under one folder of this machine (`state_dir`):
+# it mounts none of the template's volumes (a claim, a hostPath, the emptyDir the cluster gives
+# a directory no volume holds), and `/data` is rarely writable here.
+LOCAL_DIR_OPTIONS = ("dataDir", "checkpointDir", "logDir")
+
+
+def local_state_dir(job: DDPTrainingJob, env: Mapping[str, str]) -> Path:
+    """Where a local run of `job` keeps its absolute directories: kept between runs, so a
+    dataset is downloaded once and a stopped run resumes from its checkpoint."""
+    cache = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return cache / "kube-ddp" / "local" / job.namespace / job.name
+
+
+def fit_job(
+    job: DDPTrainingJob, overrides: Overrides, machine: Machine, state_dir: Path | None = None
+) -> DDPTrainingJob:
     """The job as it runs here: overrides applied and validated, on a free rendezvous port,
-    or a LocalRunError saying why it cannot run and what to pass instead."""
+    its absolute trainer directories under `state_dir` (where given), or a LocalRunError
+    saying why it cannot run and what to pass instead."""
     spec = job.spec
     if spec.launcher == "mpi":
         raise LocalRunError(
@@ -134,6 +150,11 @@ def fit_job(job: DDPTrainingJob, overrides: Overrides, machine: Machine) -> DDPT
     changed["port"] = free_port()
     # Its Secret is the cluster's: here the workers take the AWS variables of this shell.
     changed.pop("checkpointStore", None)
+    trainer = changed.get("trainer") or {}
+    for option in LOCAL_DIR_OPTIONS:
+        path = trainer.get(option)
+        if state_dir is not None and isinstance(path, str) and path.startswith("/"):
+            trainer[option] = str(state_dir / path.lstrip("/"))
     try:
         fitted = load_job(document)
     except ValidationError as error:

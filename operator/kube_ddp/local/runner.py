@@ -11,6 +11,7 @@ decisions; nothing here decides them again.
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import signal
 import sys
@@ -29,7 +30,15 @@ from kube_ddp import plot
 from kube_ddp.api import DDPTrainingJob, JobStatus
 from kube_ddp.local.console import Console, WorkerRecord, progress_line
 from kube_ddp.local.endpoint import StatusEndpoint
-from kube_ddp.local.plan import LocalSettings, Machine, Overrides, fit_job, worker_launches
+from kube_ddp.local.plan import (
+    LOCAL_DIR_OPTIONS,
+    LocalSettings,
+    Machine,
+    Overrides,
+    fit_job,
+    local_state_dir,
+    worker_launches,
+)
 from kube_ddp.local.processes import LocalPod
 from kube_ddp.status import FINISHED, CreateWorkers, DeletePods, decide
 from kube_ddp.status.history import add_points
@@ -57,7 +66,7 @@ def run_local(
 ) -> int:
     """Run `job` here until it Succeeded (0) or Failed (1), or Ctrl-C (130). A job that
     cannot run here raises plan.LocalRunError before anything starts."""
-    fitted = fit_job(job, options.overrides, machine)
+    fitted = fit_job(job, options.overrides, machine, local_state_dir(job, os.environ))
     console = Console(out, err, options.logs_dir)
     with (
         tempfile.TemporaryDirectory(prefix="kube-ddp-run-") as scratch,
@@ -73,6 +82,8 @@ def run_local(
             f"{spec.accelerator.type}, {spec.effective_backend}; worker DNS names -> 127.0.0.1, "
             f"port {job.spec.port} -> {spec.port}"
         )
+        for said in moved_dirs(job, fitted):
+            console.note(said)
         runner = _Runner(fitted, settings, console, endpoint, options.stop_grace_s)
         try:
             with _sigterm_as_interrupt():
@@ -102,6 +113,20 @@ def run_local(
         _curve(fitted, status, console, options.plot_path)
         console.close()
         return EXIT_SUCCEEDED if status.phase == "Succeeded" else EXIT_FAILED
+
+
+def moved_dirs(job: DDPTrainingJob, fitted: DDPTrainingJob) -> list[str]:
+    """A note for each trainer directory the local run keeps elsewhere than the job says."""
+    was, now = job.spec.trainer, fitted.spec.trainer
+    if was is None or now is None:
+        return []
+    before_all, after_all = was.model_dump(by_alias=True), now.model_dump(by_alias=True)
+    said = []
+    for option in LOCAL_DIR_OPTIONS:
+        before, after = before_all.get(option), after_all.get(option)
+        if before != after:
+            said.append(f"{option} {before} -> {after} (here, not the cluster's volume)")
+    return said
 
 
 def _curve(job: DDPTrainingJob, status: JobStatus, console: Console, png: Path | None) -> None:
