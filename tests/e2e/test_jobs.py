@@ -550,6 +550,20 @@ def test_a_hung_rank_of_the_users_own_script_restarts_at_the_deadline(
     assert took <= PROGRESS_DEADLINE + 30 + 10  # the last report is at most a heartbeat old
 
 
+def wait_containers_not_started(jobs: Jobs, name: str, timeout: float) -> dict[str, Any]:
+    """The job's ContainersStarted condition once it is False."""
+
+    def stuck() -> dict[str, Any] | None:
+        found = [
+            c
+            for c in jobs.status(name).get("conditions", [])
+            if c["type"] == "ContainersStarted" and c["status"] == "False"
+        ]
+        return found[0] if found else None
+
+    return wait_for(stuck, f"ContainersStarted=False on {name}", timeout=timeout)
+
+
 def test_a_volume_the_kubelet_cannot_mount_is_said_on_the_job_until_it_exists(
     platform: Platform, jobs: Jobs
 ) -> None:
@@ -560,15 +574,7 @@ def test_a_volume_the_kubelet_cannot_mount_is_said_on_the_job_until_it_exists(
     document["spec"] = platform.job_spec(document["spec"])
     jobs.create(document)
 
-    def stuck() -> dict[str, Any] | None:
-        found = [
-            c
-            for c in jobs.status("own-script").get("conditions", [])
-            if c["type"] == "ContainersStarted" and c["status"] == "False"
-        ]
-        return found[0] if found else None
-
-    said = wait_for(stuck, "ContainersStarted=False on the job", timeout=90)
+    said = wait_containers_not_started(jobs, "own-script", timeout=90)
     assert said["reason"] == Reason.VOLUME_CANNOT_MOUNT, said
     assert said["message"].startswith("own-script-worker-"), said
     assert 'configmap "own-script" not found' in said["message"], said
@@ -599,15 +605,7 @@ def test_a_container_the_kubelet_cannot_start_is_said_on_the_job(
     in Starting."""
     jobs.create(cpu_job(platform, "nopull", image="localhost/kube-ddp-e2e-absent:none"))
 
-    def stuck() -> dict[str, Any] | None:
-        found = [
-            c
-            for c in jobs.status("nopull").get("conditions", [])
-            if c["type"] == "ContainersStarted" and c["status"] == "False"
-        ]
-        return found[0] if found else None
-
-    said = wait_for(stuck, "ContainersStarted=False on the job", timeout=60)
+    said = wait_containers_not_started(jobs, "nopull", timeout=60)
     assert said["reason"] == "ContainerCannotStart"
     assert said["message"].startswith("nopull-worker-"), said
     assert "ErrImageNeverPull" in said["message"] or "ImagePull" in said["message"], said

@@ -7,10 +7,7 @@ curve and one MLflow run come out, each step once, and `kube-ddp describe --plot
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,12 +19,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tests import mlflow_server
 from tests.cluster.operator_support import Jobs
 from tests.cluster.support import REPO, load_dev_cluster, wait_for
+from tests.cluster.test_clusterview import kube_ddp
 from tests.e2e.platform import DevPlatform, Platform
 from tests.e2e.test_jobs import TRAINING_TIMEOUT
 from tests.mlflow_server import running_mlflow_server
 
 QUICK_START = REPO / "manifests" / "examples" / "digits-cpu.yaml"
-KUBE_DDP = str(Path(sys.executable).parent / "kube-ddp")
 
 
 @pytest.fixture
@@ -93,17 +90,7 @@ def test_the_quick_start_s_curves_survive_a_group_restart_in_tensorboard_and_mlf
 
     # The same run in the terminal and as an image for a report.
     png = tmp_path / "digits.png"
-    env = {**os.environ, "KUBECTL": str(jobs.cluster.bin_dir / "kubectl")}
-    env.pop("KUBECONFIG", None)
-    kubeconfig = f"--kubeconfig={jobs.cluster.kubeconfig}"
-    done = subprocess.run(
-        [KUBE_DDP, "describe", "digits", "-n", jobs.namespace, "--plot", str(png), kubeconfig],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = kube_ddp(jobs.cluster, "describe", "digits", "-n", jobs.namespace, "--plot", str(png))
     assert done.returncode == 0, done.stderr
     assert "┃ restart (" in done.stdout, done.stdout  # the curve's key: where it restarted
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
