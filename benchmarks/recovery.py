@@ -47,7 +47,6 @@ from benchmarks.operator_measure import apply_our_crd
 from benchmarks.trainer import cpu_count, cpu_description
 from ddp_trainer.contract import HEARTBEAT_ENV
 from ddp_trainer.options import TrainerOptions, to_argv
-from ddp_trainer.warm import ENABLE_ENV as WARM_RANKS_ENV
 from kube_ddp import names
 from tests.cluster.support import REPO, Cluster, fresh_namespace, load_dev_cluster
 from tests.e2e.platform import DevPlatform, container_pid, dev_job_overrides, dev_mounts
@@ -122,14 +121,12 @@ class Contestant:
 @dataclass(frozen=True)
 class KubeDDPJob(Contestant):
     strategy: str = "InPlace"
-    warm_ranks: bool = True  # False: ddp_trainer.warm turned off (what warm ranks buy)
 
     def manifest(self, platform: DevPlatform, name: str, namespace: str, fault: str) -> Any:
-        off = [] if self.warm_ranks else [{"name": WARM_RANKS_ENV, "value": "0"}]
         spec: dict[str, Any] = {
             "nodes": ELASTIC[1] if fault == "elastic" else WORKERS,
             "trainer": TRAINER,
-            "env": [*_trainer_env(), *off],
+            "env": _trainer_env(),
             "runPolicy": {"restartStrategy": self.strategy, "backoffLimit": BACKOFF},
             "template": _checkpoints(platform, name, namespace),
         }
@@ -283,13 +280,6 @@ CONTESTANTS: dict[str, Contestant] = {
     for c in (
         KubeDDPJob("recreate", "kube-ddp, Recreate (before)", "kube-ddp", strategy="Recreate"),
         KubeDDPJob("inplace", "kube-ddp, InPlace", "kube-ddp", strategy="InPlace"),
-        KubeDDPJob(
-            "inplace-cold",
-            "kube-ddp, InPlace, no warm ranks",
-            "kube-ddp",
-            strategy="InPlace",
-            warm_ranks=False,
-        ),
         PyTorchJob("onfailure", "PyTorchJob, OnFailure", "training-operator", policy="OnFailure"),
         PyTorchJob("exitcode", "PyTorchJob, ExitCode", "training-operator", policy="ExitCode"),
         TrainJob("trainjob", "TrainJob (Trainer v2), defaults", "trainer-v2"),
@@ -395,9 +385,8 @@ def rank_processes(root: int) -> list[int]:
 
 
 def _writes(pid: int, path: str) -> bool:
-    """Whether process `pid` has `path` (in its own mount namespace) open. A rank's RANK is not
-    read from /proc/PID/environ: a rank kube-ddp's agent started warm (ddp_trainer.warm) shows
-    the environment its interpreter started with there."""
+    """Whether process `pid` has `path` (in its own mount namespace) open: the rank that writes
+    rank 0's batch log, whichever launcher started it."""
     try:
         fds = list(Path(f"/proc/{pid}/fd").iterdir())
     except OSError:

@@ -7,7 +7,6 @@ digits comes with scikit-learn, synthetic is generated. Files are looked up in -
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import pickle
@@ -186,14 +185,6 @@ def _split(x: np.ndarray, y: np.ndarray, val_fraction: float, seed: int, classes
     n_val = max(1, round(len(x) * val_fraction))
     val, train = order[:n_val], order[n_val:]
     return Splits(x[train], y[train], x[val], y[val], num_classes=classes)
-
-
-def prepare(options: TrainerOptions) -> None:
-    """Import what loading `options.dataset` needs, ahead of the load: a rank that kube-ddp's
-    torchrun started before its group formed does it while the group forms."""
-    if options.dataset == "digits":
-        with contextlib.suppress(ImportError):  # said when the load needs it
-            import sklearn.datasets  # noqa: F401
 
 
 def _load_digits(val_fraction: float, seed: int) -> Splits:

@@ -5,15 +5,12 @@ methods torch's SimpleElasticAgent leaves to its subclasses:
 
 - `_monitor_workers`: after each look at its ranks, a failed group is judged by the job's
   failure rules (`agent`: restart in place, counted or not, reported or not, or stop).
-- `_initialize_workers` and `_start_workers`: each time the agent forms its group (at its
-  start, on each restart), interpreters are prepared for its next ranks, and its ranks are
-  taken from them (`warm.WarmRanks`).
 - `_shutdown`: the exit codes of the ranks it stopped are kept (`Hooks.stopped`): torchrun
   keeps them to itself, and the pod ends 86 when SIGTERM stopped ranks that all exited 86.
 
-torch gives torchrun's `launch_agent` no way to take an agent class, the rendezvous no way to
-take its poll interval, nor the process context its ranks' handler: `running` swaps these
-module names of torch for the run and restores them after. Each name and signature relied on
+torch gives torchrun's `launch_agent` no way to take an agent class, nor the rendezvous a way
+to take its poll interval: `running` swaps these module names of torch for the run and
+restores them after. Each name and signature relied on
 is pinned to torch 2.15.0 by tests/unit/test_elastic.py; where a torch lacks one (`missing`),
 torchrun runs its own agent, without restarts in place.
 """
@@ -32,8 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing import api as processes
-from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.launcher import api as launcher
 
@@ -43,18 +38,15 @@ from ddp_trainer.rank_exits import PROG
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    from ddp_trainer.warm import WarmRanks
-
 # The names of torch's modules `running` swaps, each (module, name): what launch_agent builds
-# its agent with, what a process context builds a rank's handler with, and the rendezvous's
-# wait between two looks at a forming round and the holder of the state it reads.
+# its agent with, and the rendezvous's wait between two looks at a forming round and the
+# holder of the state it reads.
 AGENT_CLASS = (launcher, "LocalElasticAgent")
-RANK_HANDLER = (processes, "get_subprocess_handler")
 RENDEZVOUS_DELAY = (dynamic_rendezvous, "_delay")
 RENDEZVOUS_STATE = (dynamic_rendezvous, "_BackendRendezvousStateHolder")
-SWAPPED = (AGENT_CLASS, RANK_HANDLER, RENDEZVOUS_DELAY, RENDEZVOUS_STATE)
+SWAPPED = (AGENT_CLASS, RENDEZVOUS_DELAY, RENDEZVOUS_STATE)
 # The methods `Agent` overrides.
-OVERRIDDEN = ("_monitor_workers", "_initialize_workers", "_start_workers", "_shutdown")
+OVERRIDDEN = ("_monitor_workers", "_shutdown")
 
 
 @dataclass
@@ -63,7 +55,6 @@ class Hooks:
 
     rules: agent.Rules
     env: Mapping[str, str] = field(default_factory=lambda: os.environ)
-    ranks: WarmRanks | None = None  # None: torch starts every rank itself
     stopped: list[int] = field(default_factory=list)  # the last ranks' codes, once stopped
 
 
@@ -76,7 +67,7 @@ def missing() -> list[str]:
 
 
 class Agent(LocalElasticAgent):
-    """torchrun's agent, its failed groups judged by the job's rules, its ranks warm."""
+    """torchrun's agent, its failed groups judged by the job's rules."""
 
     def __init__(self, *args: Any, hooks: Hooks, **kwargs: Any) -> None:
         self._hooks = hooks
@@ -112,44 +103,10 @@ class Agent(LocalElasticAgent):
             if code != contract.EXIT_PEER_LOST:
                 agent.report_restart(store, rank, code, self._hooks.env)
 
-    def _initialize_workers(self, worker_group: WorkerGroup) -> None:
-        """Prepare the next ranks' interpreters once the old ranks are stopped (their memory
-        is free), before the rendezvous."""
-        ranks = self._hooks.ranks
-        if ranks is not None:
-            spec = worker_group.spec
-            entrypoint = spec.entrypoint  # a command, or a function (--run-path): no warm rank
-            command = [entrypoint, *map(str, spec.args)] if isinstance(entrypoint, str) else []
-            ranks.prepare(spec.local_world_size, command)
-        super()._initialize_workers(worker_group)
-
-    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        ranks = self._hooks.ranks
-        with ExitStack() as stack:
-            if ranks is not None:
-                stack.enter_context(_swapped(*RANK_HANDLER, functools.partial(WarmHandler, ranks)))
-            pids: dict[int, Any] = super()._start_workers(worker_group)
-        return pids
-
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         super()._shutdown(death_sig, timeout)
         handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
         self._hooks.stopped[:] = [handler.proc.returncode for handler in handlers.values()]
-
-
-class WarmHandler(SubprocessHandler):
-    """A rank's process: a warm interpreter where one waits and the rank writes to the
-    terminal (no --redirects, --tee), else the process torch starts."""
-
-    def __init__(self, ranks: WarmRanks, **kwargs: Any) -> None:
-        self._ranks = ranks
-        super().__init__(**kwargs)
-
-    def _popen(self, args: tuple[str, ...], env: dict[str, str]) -> Any:
-        if self._stdout is not None or self._stderr is not None:
-            self._ranks.close()
-            return super()._popen(args, env)
-        return self._ranks.take(args, env) or super()._popen(args, env)
 
 
 def _polls_every(poll_s: float) -> tuple[Any, type[Any]]:

@@ -16,7 +16,6 @@ Standard library and torch only: it runs in any image that has both and this pac
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -24,49 +23,21 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ddp_trainer import agent, contract, warm
+from ddp_trainer import agent, contract
 from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED, SIGNALLED
 from ddp_trainer.rank_exits import PROG, cause, exit_code, how_it_ended
-
-
-def local_ranks(argv: Sequence[str]) -> int | None:
-    """torchrun's --nproc-per-node where it is a number (not auto, gpu, cpu...)."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", default="1")
-    given = parser.parse_known_args(argv)[0].nproc_per_node
-    return int(given) if given.isdigit() else None
-
-
-def rank_command(args: Any, python: str) -> list[str]:
-    """The command torchrun starts each rank with, for its parsed arguments (as its own
-    config_from_args builds it); empty where a rank is no command (--run-path)."""
-    if args.run_path:
-        return []
-    script = [*(["-m"] if args.module else []), args.training_script]
-    python_and_flag = [] if args.no_python else [python, warm.UNBUFFERED]
-    return [*python_and_flag, *script, *args.training_script_args]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault(contract.SHUTDOWN_TIMEOUT_ENV, str(contract.SHUTDOWN_TIMEOUT_S))
     os.environ.setdefault(contract.OWN_WORKER_STORE_ENV, "1")
-    ranks = warm.WarmRanks(warm.python_executable(os.environ))
-    count = local_ranks(argv) if warm.enabled(os.environ) else None
-    if count and count > 1:  # torchrun's own rule, set before torch loads OpenMP here
-        os.environ.setdefault(contract.CPU_THREADS_ENV, "1")
-    from torch.distributed.run import parse_args  # torch, once for this process and its forks
+    from torch.distributed.run import parse_args
 
-    args = parse_args(argv)  # type: ignore[no-untyped-call]
-    if count and ranks.fork(count, rank_command(args, ranks.python)):
-        return warm.serve()  # a rank: its code, then its end, as `python -u` would end it
-    try:
-        return _run(args, ranks)
-    finally:
-        ranks.close()
+    return _run(parse_args(argv))  # type: ignore[no-untyped-call]
 
 
-def _run(args: Any, ranks: warm.WarmRanks) -> int:
+def _run(args: Any) -> int:
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
@@ -76,14 +47,12 @@ def _run(args: Any, ranks: warm.WarmRanks) -> int:
     from ddp_trainer import elastic  # torch's elastic agent: once torch may be imported
 
     args.rdzv_conf = agent.with_fast_rendezvous(args.rdzv_conf or "")
-    warm_ranks = ranks if warm.enabled(os.environ) else None
-    hooks = elastic.Hooks(agent.Rules.from_env(os.environ), os.environ, warm_ranks)
+    hooks = elastic.Hooks(agent.Rules.from_env(os.environ), os.environ)
     with_hooks: contextlib.AbstractContextManager[None]
     if elastic.missing():
         if args.max_restarts:
             print(f"{PROG}: this torch has no agent to hook: no restart in place", file=sys.stderr)
             args.max_restarts = 0
-        ranks.close()
         with_hooks = contextlib.nullcontext()
     else:
         with_hooks = elastic.running(hooks, agent.rendezvous_poll_s(args.nnodes))

@@ -13,13 +13,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import io
 import logging
 import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -40,11 +39,10 @@ from ddp_trainer.batches import (
     train_shard,
 )
 from ddp_trainer.datasets import Splits, download_dataset, load_dataset
-from ddp_trainer.datasets import prepare as prepare_dataset
 from ddp_trainer.errors import TrainerError, is_peer_lost
 from ddp_trainer.fault_injection import BatchLog, crash_once_if_asked, hang_if_asked
 from ddp_trainer.models import build_model
-from ddp_trainer.options import TrainerOptions, parse_argv
+from ddp_trainer.options import TrainerOptions
 from ddp_trainer.preemption import Preemption
 from ddp_trainer.progress import EpochMetrics, ProgressBar, Summary, epoch_line, write_summary
 from ddp_trainer.report import (
@@ -914,15 +912,3 @@ def wrap_ddp(model: nn.Module, options: TrainerOptions, device: torch.device) ->
         }[options.grad_compression]
         ddp.register_comm_hook(state=None, hook=hook)
     return ddp
-
-
-def prepare(argv: Sequence[str]) -> None:
-    """Import what a run of `argv` (the trainer's options) will need beyond this module, in a
-    rank's interpreter started before its group formed (ddp_trainer.warm). Quiet: a bad option
-    is for the rank's main to say."""
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            options = parse_argv(argv)
-    except SystemExit:
-        return
-    prepare_dataset(options)
