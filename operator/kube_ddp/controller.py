@@ -26,16 +26,7 @@ from pydantic import ValidationError
 
 from kube_ddp import gang, kueue, metrics, names
 from kube_ddp.api import DDPTrainingJob, JobStatus, load_job
-from kube_ddp.builders import (
-    BuildSettings,
-    build_children,
-    build_event,
-    build_mpijob,
-    job_labels,
-    kueue_pods,
-    mpi_admission_probes,
-    mpijob_placement,
-)
+from kube_ddp.builders import BuildSettings, build_event, job_labels
 from kube_ddp.config import OperatorConfig
 from kube_ddp.jobfile import describe_errors
 from kube_ddp.kube import (
@@ -46,6 +37,8 @@ from kube_ddp.kube import (
     job_path,
     workload_path,
 )
+from kube_ddp.launchers import build_children, kueue_pods
+from kube_ddp.launchers.mpi import build_mpijob, mpi_admission_probes, mpijob_placement
 from kube_ddp.reasons import Reason
 from kube_ddp.status import (
     UNDER_WAY,
