@@ -7,7 +7,7 @@ import json
 import math
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 from ddp_trainer import contract
@@ -358,17 +358,11 @@ def mpi_admission_probes(mpijob: Obj) -> list[Obj]:
 
 
 def build(
-    job: DDPTrainingJob,
-    attempt: int,
-    settings: BuildSettings,
-    shared: Sequence[Obj],
-    indices: Iterable[int] | None = None,
-    pod_names: Sequence[str] = (),
-    avoid_nodes: Sequence[str] = (),
+    job: DDPTrainingJob, attempt: int, settings: BuildSettings, shared: Sequence[Obj], *_: object
 ) -> list[Obj]:
     """The job's children for `attempt`: the `shared` children, then the MPIJob, whose pods the
-    MPI Operator makes (a group is replaced whole: `indices`, `pod_names` and `avoid_nodes`
-    are the torchrun launcher's)."""
+    MPI Operator makes. A group is replaced whole: the worker indices, pod names and nodes to
+    avoid that `launchers.Build` passes on are the torchrun launcher's."""
     return [*shared, build_mpijob(job, attempt, settings)]
 
 
