@@ -98,7 +98,7 @@
   verbs: ["patch"]
 {{- end }}
 {{- if .Values.rbac.mpiJobs }}
-# launcher mpi: Controller._act(CreateWorkers) -> Kube.create(builders.build_mpijob); a group
+# launcher mpi: Controller._act(CreateWorkers) -> Kube.create(launchers.mpi.build_mpijob); a group
 # restart: Kube.delete_mpijob; suspend and resume: Kube.suspend_mpijob
 - apiGroups: ["kubeflow.org"]
   resources: ["mpijobs"]
