@@ -613,21 +613,6 @@ def build_reporter_rbac(job: DDPTrainingJob) -> list[Obj]:
     ]
 
 
-def build_service(job: DDPTrainingJob) -> Obj:
-    """The headless Service giving every worker a stable DNS name before it is ready."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(job, job.name, job_labels(job)),
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "selector": job_labels(job),
-            "ports": [{"name": "ddp", "port": job.spec.port, "targetPort": job.spec.port}],
-        },
-    }
-
-
 def build_network_policy(job: DDPTrainingJob, settings: BuildSettings) -> Obj | None:
     """Ingress to the job's pods (workers; with launcher mpi, the launcher too) from the job's
     own pods only, on any port: the rendezvous and sshd take no password, and the collectives

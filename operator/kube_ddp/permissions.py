@@ -91,7 +91,7 @@ JOB_RULES: tuple[Rule, ...] = (
         "",
         ("services",),
         ("create",),
-        "Controller._act(CreateWorkers) -> Kube.create(builders.build_service)",
+        "Controller._act(CreateWorkers) -> Kube.create(launchers.torchrun.build_service)",
     ),
     Rule(
         "",

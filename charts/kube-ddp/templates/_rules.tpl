@@ -34,7 +34,7 @@
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["create", "delete"]
-# Controller._act(CreateWorkers) -> Kube.create(builders.build_service)
+# Controller._act(CreateWorkers) -> Kube.create(launchers.torchrun.build_service)
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["create"]

@@ -10,10 +10,11 @@ from kube_ddp.api import DDPTrainingJob, Obj
 from kube_ddp.builders import (
     BuildSettings,
     _container,
+    _metadata,
     _pod_metadata,
     _pod_spec,
     avoiding,
-    build_service,
+    job_labels,
     node_lost_tolerations,
     torchrun_command,
     trainer_args,
@@ -21,6 +22,21 @@ from kube_ddp.builders import (
     worker_env,
     worker_labels,
 )
+
+
+def build_service(job: DDPTrainingJob) -> Obj:
+    """The headless Service giving every worker a stable DNS name before it is ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, job.name, job_labels(job)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": job_labels(job),
+            "ports": [{"name": "ddp", "port": job.spec.port, "targetPort": job.spec.port}],
+        },
+    }
 
 
 def build_worker_pod(
