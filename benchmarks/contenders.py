@@ -49,10 +49,11 @@ from typing import Any
 import kubernetes
 
 from kube_ddp import names
-from kube_ddp.builders import BuildSettings, build_children
+from kube_ddp.builders import BuildSettings
 from kube_ddp.controller import FIRST_ROUND_KINDS
 from kube_ddp.jobfile import load_job
 from kube_ddp.kube import collection_path
+from kube_ddp.launchers import build_children
 from tests.cluster.support import load_dev_cluster
 
 REPO = Path(__file__).resolve().parents[1]

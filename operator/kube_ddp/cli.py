@@ -12,15 +12,11 @@ from typing import Any
 import yaml
 
 from kube_ddp import clusterview, kueue, podsecurity
-from kube_ddp.builders import (
-    BuildSettings,
-    build_children,
-    trainer_image,
-    trainer_image_variant,
-)
+from kube_ddp.builders import BuildSettings, trainer_image, trainer_image_variant
 from kube_ddp.config import LeaseSettings, OperatorConfig, default_namespace
 from kube_ddp.crd import custom_resource_definition
 from kube_ddp.jobfile import InputError, read_jobs
+from kube_ddp.launchers import build_children
 from kube_ddp.local import command as local_command
 
 EXIT_USAGE = 2

@@ -26,16 +26,7 @@ from pydantic import ValidationError
 
 from kube_ddp import gang, kueue, metrics, names
 from kube_ddp.api import DDPTrainingJob, JobStatus, load_job
-from kube_ddp.builders import (
-    BuildSettings,
-    build_children,
-    build_event,
-    build_mpijob,
-    job_labels,
-    kueue_pods,
-    mpi_admission_probes,
-    mpijob_placement,
-)
+from kube_ddp.builders import BuildSettings, build_event, job_labels
 from kube_ddp.config import OperatorConfig
 from kube_ddp.jobfile import describe_errors
 from kube_ddp.kube import (
@@ -46,6 +37,8 @@ from kube_ddp.kube import (
     job_path,
     workload_path,
 )
+from kube_ddp.launchers import Launcher, build_children, kueue_pods, launcher_of
+from kube_ddp.launchers.mpi import build_mpijob, mpi_admission_probes, mpijob_placement
 from kube_ddp.reasons import Reason
 from kube_ddp.status import (
     UNDER_WAY,
@@ -291,7 +284,8 @@ class Controller:
         except ValidationError as error:
             await self._apply(key, body, status, reject(status, describe_errors(error), now))
             return
-        if job.spec.launcher == "mpi" and not self.watches_mpijobs():
+        launcher = launcher_of(job)
+        if not self._watches(launcher):
             await self._apply(key, body, status, reject(status, [MPI_OPERATOR_MISSING], now))
             return
         resolved = gang.resolve(job, await self._served(gang.candidates(job)))
@@ -299,7 +293,7 @@ class Controller:
             await self._apply(key, body, status, reject(status, [resolved], now))
             return
         job = resolved
-        index = self.mpi_pods if job.spec.launcher == "mpi" else self.pods
+        index = {"ddp_pods": self.pods, "mpi_pods": self.mpi_pods}[launcher.pod_index]
         pods = list(index.get(key, [])) if index is not None else []
         # Said once, and only to a group under way: the decision that sees them records the
         # preemption; a group already stopped need not wait for them.
@@ -323,12 +317,12 @@ class Controller:
             for action in decision.actions:
                 await self._act(key, body, job, action)
         except NotFoundError:
-            if job.spec.launcher != "mpi":
+            if names.MPIJOB_KIND not in launcher.kinds:
                 raise  # a namespace being deleted, say: retried like any error
             await self._apply(key, body, status, reject(status, [MPI_OPERATOR_MISSING], now))
             return
         except ChildrenRefusedError as refused:
-            ours = [p.name for p in pods] if job.spec.launcher == "torchrun" else []
+            ours = [p.name for p in pods] if launcher.owns_pods else []
             decision = refuse(status, refused.refusal, [*ours, *refused.pods], now)
             for action in decision.actions:
                 if isinstance(action, DeletePods):  # gone, so never expected
@@ -341,6 +335,10 @@ class Controller:
             return
         self.held_until.pop(key, None)
         await self._apply(key, body, status, decision)
+
+    def _watches(self, launcher: Launcher) -> bool:
+        """Whether kopf watches the kinds of `launcher`'s children (it looks them up once)."""
+        return names.MPIJOB_KIND not in launcher.kinds or self.watches_mpijobs()
 
     async def _served(self, candidates: Iterable[str]) -> set[str]:
         """The PodGroup apiVersions of `candidates` (gang schedulers) this cluster serves,

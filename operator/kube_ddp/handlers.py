@@ -27,7 +27,7 @@ POD_EVENT_WINDOW = 0.05
 OURS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 OURS_SELECTOR = ",".join(f"{key}={value}" for key, value in OURS.items())
 # launcher mpi: the MPI Operator's pods of our MPIJobs carry the job's name but not
-# `managed-by` (builders.mpi_pod_labels), and the MPI Operator's role label.
+# `managed-by` (launchers.mpi.mpi_pod_labels), and the MPI Operator's role label.
 MPI_PODS = {names.LABEL_JOB_NAME: kopf.PRESENT, names.MPI_LABEL_ROLE: kopf.PRESENT}
 MPIJOB_GROUP, MPIJOB_VERSION = names.MPIJOB_API_VERSION.split("/")
 

@@ -293,7 +293,7 @@ class Kube:
         self, namespace: str, name: str, suspend: bool, placement: Sequence[Obj] = ()
     ) -> None:
         """Set the MPIJob's runPolicy.suspend; `placement`: JSON patch operations applied with
-        it (`builders.mpijob_placement`)."""
+        it (`launchers.mpi.mpijob_placement`)."""
         path = f"{collection_path(names.MPIJOB_API_VERSION, names.MPIJOB_KIND, namespace)}/{name}"
         suspended = {"op": "add", "path": "/spec/runPolicy/suspend", "value": suspend}
         with contextlib.suppress(NotFoundError):

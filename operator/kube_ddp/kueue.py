@@ -330,7 +330,7 @@ def _admission_patch(
     job: DDPTrainingJob, workload: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]]
 ) -> Obj:
     """The job under this admission, unsuspended: the workers' placement in spec.template;
-    with launcher mpi the launcher's in an annotation (`builders.build_mpijob` reads it), as
+    with launcher mpi the launcher's in an annotation (`launchers.mpi.build_mpijob` reads it), as
     the two pod sets may be given different flavors."""
     template = _template_patch(job, admitted_template(workload, flavors))
     patch: Obj = {"spec": {"runPolicy": {"suspend": False}, "template": template}}

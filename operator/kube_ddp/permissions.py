@@ -91,7 +91,7 @@ JOB_RULES: tuple[Rule, ...] = (
         "",
         ("services",),
         ("create",),
-        "Controller._act(CreateWorkers) -> Kube.create(builders.build_service)",
+        "Controller._act(CreateWorkers) -> Kube.create(launchers.torchrun.build_service)",
     ),
     Rule(
         "",
@@ -164,7 +164,7 @@ JOB_RULES: tuple[Rule, ...] = (
         MPI_GROUP,
         ("mpijobs",),
         ("create", "delete", "patch"),
-        "launcher mpi: Controller._act(CreateWorkers) -> Kube.create(builders.build_mpijob); "
+        "launcher mpi: Controller._act(CreateWorkers) -> Kube.create(launchers.mpi.build_mpijob); "
         "a group restart: Kube.delete_mpijob; suspend and resume: Kube.suspend_mpijob",
         only_if="rbac.mpiJobs",
     ),

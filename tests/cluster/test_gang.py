@@ -15,7 +15,7 @@ import yaml
 
 from kube_ddp import gang
 from kube_ddp.api import load_job
-from kube_ddp.builders import build_children
+from kube_ddp.launchers import build_children
 from tests.cluster.operator_support import Jobs, OperatorProcess, job_manifest
 from tests.cluster.support import Cluster, load_dev_cluster, wait_for
 

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from kube_ddp.api import load_job
-from kube_ddp.builders import MPI_RESOLVE_WAIT_S, BuildSettings, build_mpijob
+from kube_ddp.builders import BuildSettings
+from kube_ddp.launchers.mpi import MPI_RESOLVE_WAIT_S, build_mpijob
 from kube_ddp.local.plan import free_port
 from tests.host_tools import require
 from tests.trainer import support

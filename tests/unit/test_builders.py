@@ -12,18 +12,16 @@ from ddp_trainer import contract
 from kube_ddp import names
 from kube_ddp.api import JobStatus
 from kube_ddp.builders import (
-    LAUNCHER_REQUESTS,
     OPEN_MPI_ENV,
     RESTRICTED_CONTAINER_CONTEXT,
     RESTRICTED_POD_CONTEXT,
     BuildSettings,
-    build_children,
-    build_mpijob,
-    build_worker_pod,
-    mpi_admission_probes,
     node_lost_tolerations,
     trainer_image,
 )
+from kube_ddp.launchers import build_children
+from kube_ddp.launchers.mpi import LAUNCHER_REQUESTS, build_mpijob, mpi_admission_probes
+from kube_ddp.launchers.torchrun import build_worker_pod
 from tests.unit.support import make_job, validate_strict
 
 TORCHRUN = contract.TORCHRUN_COMMAND

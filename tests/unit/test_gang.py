@@ -10,8 +10,8 @@ import pytest
 
 from kube_ddp import gang
 from kube_ddp.api import JobStatus
-from kube_ddp.builders import build_children
 from kube_ddp.controller import Controller
+from kube_ddp.launchers import build_children
 from kube_ddp.status import PodView, decide
 from tests.unit.fake_api import FakeApi
 from tests.unit.support import make_job, validate_strict

@@ -12,15 +12,11 @@ import pytest
 
 from kube_ddp import kueue, names
 from kube_ddp.api import DDPTrainingJob, JobStatus, load_job
-from kube_ddp.builders import (
-    LAUNCHER_REQUESTS,
-    BuildSettings,
-    build_children,
-    job_labels,
-    kueue_pods,
-)
+from kube_ddp.builders import BuildSettings, job_labels
 from kube_ddp.controller import Controller
 from kube_ddp.kube import workload_path
+from kube_ddp.launchers import build_children, kueue_pods
+from kube_ddp.launchers.mpi import LAUNCHER_REQUESTS
 from kube_ddp.reasons import Reason
 from kube_ddp.status import decide
 from kube_ddp.status.views import MPIJobView

@@ -11,9 +11,10 @@ import pytest
 
 from kube_ddp import kueue, names
 from kube_ddp.api import load_job
-from kube_ddp.builders import LAUNCHER_REQUESTS, build_children
 from kube_ddp.controller import Controller
 from kube_ddp.kube import workload_path
+from kube_ddp.launchers import build_children
+from kube_ddp.launchers.mpi import LAUNCHER_REQUESTS
 from kube_ddp.status.views import MPIJobView
 from tests.unit.fake_api import FakeApi
 from tests.unit.test_cli import BAR, render

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from kube_ddp import podsecurity
-from kube_ddp.builders import BuildSettings, build_children
+from kube_ddp.builders import BuildSettings
 from kube_ddp.cli import EXIT_POD_SECURITY, main
 from kube_ddp.jobfile import read_jobs
+from kube_ddp.launchers import build_children
 from tests.unit.support import make_job
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from kube_ddp import builders, names
+from kube_ddp.launchers.torchrun import build_worker_pod
 from kube_ddp.reasons import Reason
 from kube_ddp.status import CreateWorkers, DeleteMPIJob, DeletePods, PodView, decide
 from tests.unit.test_builders import SETTINGS as BUILD_SETTINGS
@@ -231,7 +232,7 @@ def test_the_grace_period_fits_the_last_save(case: GraceCase) -> None:
     template = {} if case.own is None else {"terminationGracePeriodSeconds": case.own}
     the_job = job(status, template=template)
     assert builders.termination_grace_seconds(the_job) == case.grace
-    worker_pod = builders.build_worker_pod(the_job, 0, 0, BUILD_SETTINGS)
+    worker_pod = build_worker_pod(the_job, 0, 0, BUILD_SETTINGS)
     assert worker_pod["spec"].get("terminationGracePeriodSeconds") == case.grace
     suspended = job(status, template=template, runPolicy={"suspend": True})
     deletes = decide(suspended, [pod(0)], NOW).actions

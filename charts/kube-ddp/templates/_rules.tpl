@@ -34,7 +34,7 @@
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["create", "delete"]
-# Controller._act(CreateWorkers) -> Kube.create(builders.build_service)
+# Controller._act(CreateWorkers) -> Kube.create(launchers.torchrun.build_service)
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["create"]
@@ -98,7 +98,7 @@
   verbs: ["patch"]
 {{- end }}
 {{- if .Values.rbac.mpiJobs }}
-# launcher mpi: Controller._act(CreateWorkers) -> Kube.create(builders.build_mpijob); a group
+# launcher mpi: Controller._act(CreateWorkers) -> Kube.create(launchers.mpi.build_mpijob); a group
 # restart: Kube.delete_mpijob; suspend and resume: Kube.suspend_mpijob
 - apiGroups: ["kubeflow.org"]
   resources: ["mpijobs"]

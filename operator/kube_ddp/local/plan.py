@@ -28,9 +28,10 @@ from pydantic import ValidationError
 from ddp_trainer import contract
 from kube_ddp import names
 from kube_ddp.api import DDPTrainingJob, load_job
-from kube_ddp.builders import BuildSettings, build_children
+from kube_ddp.builders import BuildSettings
 from kube_ddp.expansion import container_argv, resolve_env
 from kube_ddp.jobfile import describe_errors
+from kube_ddp.launchers import build_children
 
 LOCALHOST = "127.0.0.1"
 LOWEST_PORT = 20000  # of a rendezvous port: above what system services commonly listen on
