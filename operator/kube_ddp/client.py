@@ -50,12 +50,11 @@ from pathlib import Path
 from typing import Any, TypeVar, get_args
 from urllib.parse import quote, urlencode
 
-from kube_ddp import names
+from kube_ddp import clusterview, names
 from kube_ddp.api import (
     DDPTrainingJob,
     DDPTrainingJobSpec,
     JobStatus,
-    Obj,
     ObjectMeta,
     Phase,
     load_job,
@@ -380,7 +379,8 @@ class TrainerClient:
         ends."""
         pod = self._worker_pod(name, worker)
         query = {"container": names.TRAINER_CONTAINER, **({"follow": "true"} if follow else {})}
-        path = f"/api/v1/namespaces/{self.namespace}/pods/{quote(pod)}/log?{urlencode(query)}"
+        pods_path = collection_path("v1", "Pod", self.namespace)
+        path = f"{pods_path}/{quote(pod)}/log?{urlencode(query)}"
         return self._log_lines(path, f"worker {worker} of job {name} (pod {pod})", name)
 
     def _log_lines(self, path: str, whose: str, job: str) -> Iterator[str]:
@@ -403,11 +403,10 @@ class TrainerClient:
 
     def _worker_pod(self, name: str, worker: int) -> str:
         selector = urlencode({"labelSelector": f"{names.LABEL_JOB_NAME}={name}"})
-        listing = self._run(
-            self._kube.request("GET", f"/api/v1/namespaces/{self.namespace}/pods?{selector}")
-        )
-        pods = [pod["metadata"] for pod in listing.get("items", []) if pod.get("metadata")]
-        if not pods:
+        pods_path = collection_path("v1", "Pod", self.namespace)
+        listing = self._run(self._kube.request("GET", f"{pods_path}?{selector}"))
+        current = clusterview.latest_attempt(listing.get("items", []))
+        if not current:
             self.get_job(name)  # JobNotFoundError where it is the job that is missing
             raise LogsUnavailableError(
                 name,
@@ -415,21 +414,14 @@ class TrainerClient:
                 f"job {name} has no worker pods now: pending, suspended, or its pods were "
                 f"removed at its end (cleanPodPolicy); get_job({name!r}).status says which",
             )
-
-        def attempt(pod: Obj) -> int:
-            value = (pod.get("labels") or {}).get(names.LABEL_ATTEMPT, "")
-            return int(value) if value.isdigit() else 0
-
-        latest = max(map(attempt, pods))
-        for pod in pods:
-            index = (pod.get("labels") or {}).get(names.LABEL_REPLICA_INDEX)
-            if attempt(pod) == latest and index == str(worker):
-                return str(pod["name"])
+        for pod in current:
+            if clusterview.worker_index(pod) == worker:
+                return str(pod["metadata"]["name"])
         raise LogsUnavailableError(
             name,
             self.namespace,
-            f"job {name} has no worker {worker} now (its workers: 0 to "
-            f"{len([p for p in pods if attempt(p) == latest]) - 1} of attempt {latest})",
+            f"job {name} has no worker {worker} now (its workers: 0 to {len(current) - 1} of "
+            f"attempt {clusterview.attempt_of(current[0])})",
         )
 
 

@@ -83,7 +83,7 @@ def get_job(kubectl: Kubectl, name: str) -> Obj:
 def get_workers(kubectl: Kubectl, job: str) -> list[Obj]:
     """The job's worker pods, by index, then attempt."""
     listing = kubectl.json("get", "pods", f"--selector={names.LABEL_JOB_NAME}={job}")
-    return sorted(listing.get("items", []), key=lambda pod: (_index(pod), _attempt(pod)))
+    return sorted(listing.get("items", []), key=lambda pod: (worker_index(pod), attempt_of(pod)))
 
 
 def get_events(kubectl: Kubectl, involved: set[str]) -> list[Obj]:
@@ -101,14 +101,20 @@ def _label(pod: Obj, key: str) -> str:
     return str(pod.get("metadata", {}).get("labels", {}).get(key, ""))
 
 
-def _index(pod: Obj) -> int:
+def worker_index(pod: Obj) -> int:
     value = _label(pod, names.LABEL_REPLICA_INDEX)
     return int(value) if value.isdigit() else -1
 
 
-def _attempt(pod: Obj) -> int:
+def attempt_of(pod: Obj) -> int:
     value = _label(pod, names.LABEL_ATTEMPT)
     return int(value) if value.isdigit() else -1
+
+
+def latest_attempt(pods: Sequence[Obj]) -> list[Obj]:
+    """The pods of the newest attempt among a job's worker pods (none of none)."""
+    latest = max((attempt_of(pod) for pod in pods), default=-1)
+    return [pod for pod in pods if attempt_of(pod) == latest]
 
 
 def _event_time(event: Obj) -> str:
@@ -227,7 +233,7 @@ def _pod_row(pod: Obj, now: datetime) -> tuple[str, ...]:
     return (
         pod.get("metadata", {}).get("name", ""),
         phase,
-        str(_attempt(pod)),
+        str(attempt_of(pod)),
         pod.get("spec", {}).get("nodeName") or "-",
         "-" if exit_code is None else str(exit_code),
         status.get("reason") or terminated.get("reason") or waiting.get("reason") or "-",
@@ -286,7 +292,7 @@ def stream_logs(
 
     def read(pod: Obj) -> None:
         name = pod["metadata"]["name"]
-        prefix = f"[worker-{_index(pod)}]"
+        prefix = f"[worker-{worker_index(pod)}]"
         command = kubectl.args(
             "logs", name, f"--container={names.TRAINER_CONTAINER}", "--timestamps"
         )
@@ -410,10 +416,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    latest = max(_attempt(pod) for pod in pods)
-    chosen = [pod for pod in pods if _attempt(pod) == latest]
+    chosen = latest_attempt(pods)
     if args.worker is not None:
-        chosen = [pod for pod in chosen if _index(pod) == args.worker]
+        chosen = [pod for pod in chosen if worker_index(pod) == args.worker]
         if not chosen:
             print(f"job {args.job} has no worker {args.worker}", file=sys.stderr)
             return 1
