@@ -22,7 +22,7 @@ from kube_ddp.api import (
 )
 from kube_ddp.reasons import Reason
 from kube_ddp.status.draft import DeleteJob, Draft, Event, condition_status
-from kube_ddp.status.views import PodView, mount_failure
+from kube_ddp.status.views import PodView, creating_for, mount_failure
 
 FINISHED: tuple[Phase, ...] = ("Succeeded", "Failed")
 # Phases in which a group is under way: a suspend then is a preemption.
@@ -186,9 +186,9 @@ def _containers_started(draft: Draft, workers: list[PodView]) -> None:
         message = "No worker's container is waiting on the kubelet any more"
         draft.condition("ContainersStarted", "True", Reason.CONTAINERS_STARTED, message)
     for pod in workers:
-        if pod.creating_since is not None:
-            since = datetime.fromisoformat(pod.creating_since)
-            due = names.MOUNT_LOOK_AFTER_SECONDS - (draft.now - since).total_seconds()
+        seconds = creating_for(pod, draft.now)
+        if seconds is not None:
+            due = names.MOUNT_LOOK_AFTER_SECONDS - seconds
             draft.requeue(due if due > 0 else names.MOUNT_RELOOK_SECONDS)
 
 

@@ -193,11 +193,17 @@ def _creating_since(status: Mapping[str, Any], scheduled: Mapping[str, Any]) -> 
     return scheduled.get("lastTransitionTime")
 
 
+def creating_for(pod: PodView, now: datetime) -> float | None:
+    """Seconds `pod` has been creating its containers; None when it is not."""
+    since = _timestamp(pod.creating_since)
+    return (now - since).total_seconds() if since is not None else None
+
+
 def mount_look_due(pod: PodView, now: datetime) -> bool:
     """Whether the shell should read `pod`'s FailedMount Events: it has been creating its
     containers for names.MOUNT_LOOK_AFTER_SECONDS."""
-    since = _timestamp(pod.creating_since)
-    return since is not None and (now - since).total_seconds() >= names.MOUNT_LOOK_AFTER_SECONDS
+    seconds = creating_for(pod, now)
+    return seconds is not None and seconds >= names.MOUNT_LOOK_AFTER_SECONDS
 
 
 # What to change, for a kubelet message that names the cause but not the job's field.
