@@ -1,0 +1,873 @@
+"""The soak on kwok: many jobs at once, the faults kube-ddp claims to survive injected at random
+times from a seed, and invariants checked continuously and at the end.
+
+The faults are drawn before the soak starts (`plan`): the same seed gives the same faults at the
+same times, on the same jobs and workers. What a fault meets depends on timing, so each is
+recorded with the job's state as it was applied (`Hit`), and the counting invariants compare
+the job's `restarts` and `preemptions` with the faults that reached it: never more than the
+faults that hit a live pod (no phantom restart), never fewer than the isolated ones (no fault
+lost). Faults per job: a worker killed (exit 137), its pod deleted, its pod evicted through the
+Eviction API, rank 0 gone quiet (a hang: no progress report), a suspend and resume by the
+user; for many jobs at once: a node that stops reporting and comes back, the leading operator
+killed (two replicas with leader election), the API server restarted. Some faults come with a
+second one on the same job seconds later: two at a time, and during a recovery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import random
+import signal
+import subprocess
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import urllib3
+
+from ddp_trainer.report import position_fields, training_patch
+from kube_ddp import names
+from tests.cluster.operator_support import KUBE_DDP, SIM_EXIT_CODE, Jobs, job_manifest
+from tests.cluster.support import Cluster, load_dev_cluster
+
+JOB_FAULTS = ("kill", "delete", "evict", "hang", "suspend")
+CLUSTER_FAULTS = ("node", "leader", "apiserver")
+# How each fault on a steady job is counted (design.md, "Failure rules", "Preemption"): a pod
+# deleted or evicted while its container runs is replaced alone and not counted where the ranks
+# restart in place and it is not worker 0; otherwise its group restarts.
+RESTART, PREEMPTION = "restart", "preemption"
+LIVE = ("Pending", "Running")
+UNDER_WAY = ("Pending", "Starting", "Running", "Restarting")
+PROGRESS_DEADLINE = 60  # the schema's least
+REPORT_EVERY = 8.0
+TERMINATING_AT_MOST = 90.0  # a worker's grace period (30 s) and the operator's force delete
+QUIET_AROUND = 30.0  # a fault is isolated when no other reached its job this close
+NODE_QUIET_AROUND = 120.0
+NODE_SILENT_SECONDS = (60.0, 90.0)
+SUSPENDED_SECONDS = 5.0
+FINISH_AGAIN_AFTER = 20.0
+LEASE = (4.0, 3.0, 1.0)
+# What a call meets while the API server restarts.
+KUBELET_STOPPED = load_dev_cluster().controlplane.KUBELET_STOPPED
+UNAVAILABLE = (
+    kubernetes.client.ApiException,
+    urllib3.exceptions.HTTPError,
+    OSError,
+)  # duration, renew deadline, retry period: a takeover in seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    seed: int
+    minutes: float
+    jobs: int  # at once; each is created again under its name when it ends
+    nodes: int
+    faults_per_minute: float
+    overlap: float = 0.3  # the share of job faults that get a second one on the same job
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    at: float  # seconds from the soak's start
+    kind: str
+    job: int = -1  # the job's slot, for a job fault
+    worker: int = 0  # which worker index (modulo the job's nodes)
+    node: int = 0  # which soak node, for a node fault
+
+
+def plan(settings: Settings) -> list[Fault]:
+    """Every fault of the soak, drawn from its seed alone."""
+    draw = random.Random(settings.seed)
+    faults: list[Fault] = []
+    clock = 10.0  # the jobs' first pods run first
+    end = settings.minutes * 60
+    rate = settings.faults_per_minute / 60
+    # Each cluster fault comes once per ~3 minutes of soak, at least once.
+    for kind in CLUSTER_FAULTS:
+        for n in range(max(1, round(settings.minutes / 3))):
+            window = end / max(1, round(settings.minutes / 3))
+            at = n * window + draw.uniform(0.2, 0.7) * window
+            faults.append(Fault(at, kind, node=draw.randrange(settings.nodes)))
+    while True:
+        clock += draw.expovariate(rate)
+        if clock > end - 20:
+            break
+        job, kind = draw.randrange(settings.jobs), draw.choice(JOB_FAULTS)
+        faults.append(Fault(clock, kind, job, worker=draw.randrange(8)))
+        if draw.random() < settings.overlap:
+            second = draw.choice(JOB_FAULTS)
+            faults.append(Fault(clock + draw.uniform(0, 4), second, job, draw.randrange(8)))
+    for kind in set(JOB_FAULTS) - {fault.kind for fault in faults}:  # every kind, once at least
+        at = draw.uniform(10, end - 20)
+        faults.append(Fault(at, kind, draw.randrange(settings.jobs), draw.randrange(8)))
+    return sorted(faults, key=lambda fault: fault.at)
+
+
+@dataclasses.dataclass
+class Hit:
+    """One fault as it reached a job: its state then, and whether it hit a live pod."""
+
+    at: float
+    kind: str
+    target: str
+    effective: int  # how many of the job's pods it hit (0: it met nothing to hit)
+    steady: bool  # the job was Running with every current pod Running, none terminating
+    expect: str  # RESTART or PREEMPTION, for a steady job
+    phase: str
+    attempt: int
+    restarts: int
+    preemptions: int
+
+    def line(self) -> str:
+        return (
+            f"{self.at:7.1f}s {self.kind:<9} {self.target:<26} effective={self.effective} "
+            f"steady={self.steady} expect={self.expect or '-'} phase={self.phase} "
+            f"attempt={self.attempt} restarts={self.restarts} preemptions={self.preemptions}"
+        )
+
+
+@dataclasses.dataclass
+class Generation:
+    """One job object under a slot's name, from its creation to its deletion."""
+
+    name: str
+    uid: str
+    spec: dict[str, Any]
+    work: float  # seconds of steady running before the soak ends its workers with 0
+    created: float
+    hits: list[Hit] = dataclasses.field(default_factory=list)
+    running_since: float | None = None
+    reported: float = 0.0
+    step: int = 0
+    reported_attempt: tuple[int, ...] | None = None  # `group_of` the last report
+    hung_at: tuple[int, ...] | None = None  # quiet while the job's group stays
+    finishing: float = 0.0  # when the soak ended its workers with 0
+    resume_at: float | None = None
+    outcome: dict[str, Any] | None = None
+
+    @property
+    def in_place(self) -> bool:
+        return self.spec["runPolicy"].get("restartStrategy", "InPlace") == "InPlace"
+
+
+def group_of(status: dict[str, Any]) -> tuple[int, ...]:
+    """Which group of ranks runs: a restart of any kind, or a preemption's resume, starts a new
+    rank 0 (the hung one is gone with its group)."""
+    return tuple(int(status.get(key, 0)) for key in ("attempt", "restarts", "preemptions"))
+
+
+@dataclasses.dataclass
+class Violation:
+    at: float
+    job: str
+    what: str
+
+
+class Soak:
+    def __init__(self, cluster: Cluster, namespace: str, settings: Settings, logs: Path) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.settings = settings
+        self.logs = logs
+        self.jobs = Jobs(cluster, namespace)
+        self.draw = random.Random(settings.seed + 1)  # the jobs' shapes, apart from the faults
+        self.faults = plan(settings)
+        self.label = {"kubeddp.io/soak": namespace[-8:]}
+        self.node_names = [f"soak-{namespace[-8:]}-{i}" for i in range(settings.nodes)]
+        self.generations: dict[int, Generation] = {}
+        self.ended: list[Generation] = []
+        self.violations: list[Violation] = []
+        self.applied: Counter[str] = Counter()
+        self.overlaps = 0
+        self.silent: dict[str, float] = {}  # node -> when it comes back
+        self.operators: list[subprocess.Popen[bytes]] = []
+        self.operator_logs: list[Path] = []
+        self.to_create: set[int] = set()
+        self.on_silent: set[str] = set()  # pods counted as lost with a silent node
+        self.killed_operators = 0
+        self.finished_again = 0  # ends sent again: kwok missed the first (an API server restart)
+        self.lost_leadership = 0  # replicas that exited on a Lease they could not renew
+        self.restarted_operators: set[int] = set()
+        self.rss: list[tuple[float, int]] = []
+        self.started = time.monotonic()
+        self.pods: list[Any] = []
+        self.statuses: dict[str, dict[str, Any]] = {}
+        self.terminating_since: dict[str, float] = {}
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        end = self.settings.minutes * 60
+        pending = list(self.faults)
+        with self._nodes(), self._operators():
+            self.started = time.monotonic()
+            for slot in range(self.settings.jobs):
+                self._create(slot)
+            while self.now() < end:
+                self._observe()
+                while pending and pending[0].at <= self.now():
+                    self._apply(pending.pop(0))
+                for node, back in list(self.silent.items()):
+                    if self.now() >= back:
+                        self._node_back(node)
+                self._drive(creating=True)
+                self._sample_rss()
+                time.sleep(0.5)
+            self._settle()
+            self._sample_rss()
+            self._delete_all()
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    # -- the world ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _nodes(self) -> Iterator[None]:
+        capacity = {"cpu": "64", "memory": "256Gi", "pods": "110"}
+        for name in self.node_names:
+            node = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "labels": {"type": "kwok", **self.label},
+                    "annotations": {"kwok.x-k8s.io/node": "fake"},
+                },
+                "spec": {},
+                "status": {"capacity": capacity, "allocatable": capacity},
+            }
+            self.cluster.core.create_node(node)
+        try:
+            yield
+        finally:
+            for name in self.node_names:
+                with contextlib.suppress(*UNAVAILABLE):
+                    self.cluster.core.delete_node(name)
+
+    @contextlib.contextmanager
+    def _operators(self) -> Iterator[None]:
+        for n in range(2):
+            self._start_operator(n)
+        try:
+            yield
+        finally:
+            for process in self.operators:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            for process in self.operators:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(15)
+                if process.poll() is None:
+                    process.kill()
+
+    def _start_operator(self, n: int) -> None:
+        duration, deadline, retry = LEASE
+        command = [
+            str(KUBE_DDP),
+            "operator",
+            f"--kubeconfig={self.cluster.kubeconfig}",
+            f"--namespace={self.namespace}",
+            "--health-port=0",
+            "--metrics-port=0",
+            "--trainer-image=registry.invalid/kube-ddp/trainer:test",
+            "--leader-election",
+            f"--leader-election-namespace={self.namespace}",
+            "--leader-election-id=soak",
+            f"--lease-duration={duration}",
+            f"--renew-deadline={deadline}",
+            f"--retry-period={retry}",
+        ]
+        log_path = self.logs / f"operator-{n}.log"
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        self.operators.append(process)
+        self.operator_logs.append(log_path)
+
+    def _leader(self) -> subprocess.Popen[bytes] | None:
+        """The live replica that said it leads (the Lease's holder names a host, not a pid)."""
+        for process, log_path in zip(self.operators, self.operator_logs, strict=True):
+            if process.poll() is None and "leader: watching" in log_path.read_text(
+                errors="replace"
+            ):
+                return process
+        return None
+
+    def _sample_rss(self) -> None:
+        if self.rss and self.now() - self.rss[-1][0] < 30:
+            return
+        total = 0
+        for process in self.operators:
+            if process.poll() is None:
+                with contextlib.suppress(OSError):
+                    for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+                        if line.startswith("VmRSS:"):
+                            total = max(total, int(line.split()[1]) // 1024)
+        self.rss.append((self.now(), total))
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def _create(self, slot: int) -> None:
+        draw = self.draw
+        name = f"soak-{slot:03d}"
+        run_policy: dict[str, Any] = {
+            "backoffLimit": draw.choice((1, 3, 6, 10, 10)),
+            "progressDeadlineSeconds": PROGRESS_DEADLINE,
+        }
+        if draw.random() < 0.4:
+            run_policy["restartStrategy"] = "Recreate"
+        spec = {
+            "nodes": draw.choice((1, 2, 2, 3)),
+            "runPolicy": run_policy,
+            "template": {"nodeSelector": self.label},
+        }
+        try:
+            created = self.jobs.create(job_manifest(name, **spec))
+        except UNAVAILABLE as error:
+            if isinstance(error, kubernetes.client.ApiException) and error.status == 422:
+                raise
+            self.to_create.add(slot)  # the next tick tries again
+            return
+        self.to_create.discard(slot)
+        self.generations[slot] = Generation(
+            name=name,
+            uid=created["metadata"]["uid"],
+            spec=spec,
+            work=draw.uniform(25, 70),
+            created=self.now(),
+        )
+
+    def _observe(self) -> None:
+        try:
+            listed = self.cluster.custom_objects.list_namespaced_custom_object(
+                names.GROUP, names.VERSION, self.namespace, names.PLURAL
+            )["items"]
+            self.pods = self.cluster.core.list_namespaced_pod(self.namespace).items
+        except UNAVAILABLE:
+            return  # the API server restarting: the next tick sees it
+        self.statuses = {
+            j["metadata"]["uid"]: {**(j.get("status") or {}), "name": j["metadata"]["name"]}
+            for j in listed
+        }
+        self._check_pods()
+        self._count_silent_node_pods()
+
+    def _count_silent_node_pods(self) -> None:
+        """A pod scheduled on a silent node before it was marked unreachable is lost with it: a
+        node fault for its job, as for the pods that ran there when it went silent."""
+        for generation in self.generations.values():
+            for pod in self._current(generation):
+                if pod.spec.node_name in self.silent and pod.metadata.uid not in self.on_silent:
+                    self.on_silent.add(pod.metadata.uid)
+                    generation.hits.append(self._hit(generation, "node", pod.spec.node_name, 1))
+
+    def _pods_of(self, generation: Generation) -> list[Any]:
+        return [
+            p
+            for p in self.pods
+            if any(o.uid == generation.uid for o in (p.metadata.owner_references or []))
+        ]
+
+    def _status(self, generation: Generation) -> dict[str, Any]:
+        return self.statuses.get(generation.uid, {})
+
+    def _current(self, generation: Generation) -> list[Any]:
+        """The job's live pods of its current attempt."""
+        attempt = str(self._status(generation).get("attempt", 0))
+        return [
+            p
+            for p in self._pods_of(generation)
+            if p.metadata.labels.get(names.LABEL_ATTEMPT) == attempt
+            and p.metadata.deletion_timestamp is None
+            and p.status.phase in LIVE
+        ]
+
+    def _steady(self, generation: Generation) -> bool:
+        status = self._status(generation)
+        if status.get("phase") != "Running" or status.get("replacing"):
+            return False
+        pods = self._pods_of(generation)
+        current = self._current(generation)
+        return (
+            len(current) == generation.spec["nodes"]
+            and all(p.status.phase == "Running" for p in current)
+            and all(p.metadata.deletion_timestamp is None for p in pods)
+        )
+
+    def _drive(self, *, creating: bool) -> None:
+        """Play each job's rank 0 (progress reports) and end the ones that worked long enough;
+        create a slot's job again once the last one is gone."""
+        for slot in sorted(self.to_create):
+            if creating:
+                self._create(slot)
+        for slot, generation in list(self.generations.items()):
+            status = self._status(generation)
+            phase = status.get("phase")
+            if generation.resume_at is not None and self.now() >= generation.resume_at:
+                self._set_suspend(generation, False)
+                generation.resume_at = None
+            if phase in ("Succeeded", "Failed") or generation.outcome is not None:
+                if generation.outcome is None:
+                    generation.outcome = {**status, "at": self.now()}
+                    self._delete(generation)
+                elif not self._pods_of(generation) and generation.uid not in self.statuses:
+                    self.ended.append(generation)
+                    del self.generations[slot]
+                    if creating:
+                        self._create(slot)
+                continue
+            steady = self._steady(generation)
+            if not steady:
+                generation.running_since = None
+                continue
+            if generation.running_since is None:
+                generation.running_since = self.now()
+            self._report(generation, status)
+            due = self.now() - generation.running_since >= generation.work
+            if generation.finishing:
+                due = self.now() - generation.finishing >= FINISH_AGAIN_AFTER
+                self.finished_again += due
+            if due and not generation.hung_at:
+                generation.finishing = self.now()
+                for pod in self._current(generation):
+                    with contextlib.suppress(*UNAVAILABLE):
+                        self.jobs.end_worker(pod.metadata.name, 0)
+
+    def _report(self, generation: Generation, status: dict[str, Any]) -> None:
+        key = group_of(status)
+        if generation.hung_at is not None:
+            if generation.hung_at == key:
+                return
+            generation.hung_at = None  # restarted: its new group reports again
+        if self.now() - generation.reported < REPORT_EVERY and generation.reported_attempt == key:
+            return
+        generation.step += 1
+        patch = training_patch(
+            epoch=1,
+            epochs=100,
+            loss=0.5,
+            val_accuracy=0.5,
+            best_val_accuracy=0.5,
+            images_per_sec=1000.0,
+            now=datetime.now(UTC),
+        )
+        training = patch["status"]["training"]
+        training.update(
+            position_fields(
+                epoch=1,
+                epochs=100,
+                step=generation.step,
+                steps_per_epoch=10**6,
+                remaining_seconds=600,
+            )
+        )
+        with contextlib.suppress(*UNAVAILABLE):
+            self.jobs.report_training(generation.name, training)
+        generation.reported, generation.reported_attempt = self.now(), key
+
+    def _set_suspend(self, generation: Generation, suspend: bool) -> None:
+        body = {"spec": {"runPolicy": {"suspend": suspend}}}
+        with contextlib.suppress(*UNAVAILABLE):
+            self.cluster.custom_objects.patch_namespaced_custom_object(
+                names.GROUP, names.VERSION, self.namespace, names.PLURAL, generation.name, body
+            )
+
+    def _delete(self, generation: Generation) -> None:
+        with contextlib.suppress(*UNAVAILABLE):
+            self.jobs.delete(generation.name)
+
+    # -- faults -------------------------------------------------------------------------------
+
+    def _apply(self, fault: Fault) -> None:
+        if fault.kind in CLUSTER_FAULTS:
+            getattr(self, f"_fault_{fault.kind}")(fault)
+            self.applied[fault.kind] += 1
+            return
+        generation = self.generations.get(fault.job)
+        if generation is None or generation.finishing or generation.outcome is not None:
+            self.applied["missed"] += 1
+            return
+        status = self._status(generation)
+        steady = self._steady(generation)
+        effective, target = getattr(self, f"_fault_{fault.kind}")(generation, fault)
+        index = fault.worker % generation.spec["nodes"]
+        expect = RESTART
+        if fault.kind == "suspend" or (
+            fault.kind in ("delete", "evict") and generation.in_place and index != 0
+        ):
+            expect = PREEMPTION
+        generation.hits.append(
+            Hit(
+                at=self.now(),
+                kind=fault.kind,
+                target=target,
+                effective=effective,
+                steady=steady,
+                expect=expect,
+                phase=str(status.get("phase")),
+                attempt=int(status.get("attempt", 0)),
+                restarts=int(status.get("restarts", 0)),
+                preemptions=int(status.get("preemptions", 0)),
+            )
+        )
+        self.applied[fault.kind if effective else "missed"] += 1
+
+    def _worker_pod(self, generation: Generation, fault: Fault) -> Any | None:
+        index = str(fault.worker % generation.spec["nodes"])
+        for pod in self._current(generation):
+            if pod.metadata.labels.get(names.LABEL_REPLICA_INDEX) == index:
+                return pod
+        return None
+
+    def _fault_kill(self, generation: Generation, fault: Fault) -> tuple[int, str]:
+        pod = self._worker_pod(generation, fault)
+        if pod is None or pod.status.phase != "Running":
+            return 0, "no running worker"
+        body = {"metadata": {"annotations": {SIM_EXIT_CODE: "137"}}}
+        try:
+            self.cluster.core.patch_namespaced_pod(pod.metadata.name, self.namespace, body)
+        except UNAVAILABLE:
+            return 0, pod.metadata.name
+        return 1, pod.metadata.name
+
+    def _fault_delete(self, generation: Generation, fault: Fault) -> tuple[int, str]:
+        pod = self._worker_pod(generation, fault)
+        if pod is None:
+            return 0, "no live worker"
+        try:
+            self.cluster.core.delete_namespaced_pod(pod.metadata.name, self.namespace)
+        except UNAVAILABLE:
+            return 0, pod.metadata.name
+        return 1, pod.metadata.name
+
+    def _fault_evict(self, generation: Generation, fault: Fault) -> tuple[int, str]:
+        pod = self._worker_pod(generation, fault)
+        if pod is None:
+            return 0, "no live worker"
+        name = pod.metadata.name
+        eviction = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": self.namespace},
+        }
+        try:
+            self.cluster.core.create_namespaced_pod_eviction(name, self.namespace, eviction)
+        except UNAVAILABLE:
+            return 0, name
+        return 1, name
+
+    def _fault_hang(self, generation: Generation, fault: Fault) -> tuple[int, str]:
+        del fault
+        status = self._status(generation)
+        key = group_of(status)
+        if status.get("phase") != "Running" or generation.reported_attempt != key:
+            return 0, "rank 0 not reporting"
+        generation.hung_at = key
+        return 1, "rank 0 quiet"
+
+    def _fault_suspend(self, generation: Generation, fault: Fault) -> tuple[int, str]:
+        del fault
+        if generation.resume_at is not None:
+            return 0, "suspended already"
+        phase = self._status(generation).get("phase")
+        self._set_suspend(generation, True)
+        generation.resume_at = self.now() + SUSPENDED_SECONDS
+        return (1 if phase in ("Pending", "Starting", "Running") else 0), f"suspend ({phase})"
+
+    def _fault_node(self, fault: Fault) -> None:
+        """A soak node stops reporting (its kubelet and lease frozen); it comes back later."""
+        node = self.node_names[fault.node]
+        if node in self.silent:
+            return
+        on_node = [p for p in self.pods if p.spec.node_name == node]
+        stopped = {"metadata": {"annotations": KUBELET_STOPPED}}
+        for pod in on_node:
+            with contextlib.suppress(*UNAVAILABLE):
+                self.cluster.core.patch_namespaced_pod(pod.metadata.name, self.namespace, stopped)
+        silence = {"metadata": {"annotations": {"kwok.x-k8s.io/node": None}}}
+        try:
+            self.cluster.core.patch_node(node, silence)
+        except UNAVAILABLE:
+            self.applied["missed"] += 1
+            return
+        coordination = kubernetes.client.CoordinationV1Api(self.cluster.api)
+        dead_holder = {
+            "spec": {
+                "holderIdentity": "a-kubelet-that-stopped",
+                "leaseDurationSeconds": 3600,
+                "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.000000Z"),
+            }
+        }
+        with contextlib.suppress(*UNAVAILABLE):
+            coordination.patch_namespaced_lease(node, "kube-node-lease", dead_holder)
+        self.silent[node] = self.now() + random.Random(fault.at).uniform(*NODE_SILENT_SECONDS)
+        for generation in self.generations.values():
+            if generation.outcome is not None:
+                continue
+            mine = [p for p in self._current(generation) if p.spec.node_name == node]
+            self.on_silent |= {p.metadata.uid for p in mine}
+            generation.hits.append(self._hit(generation, "node", node, len(mine)))
+
+    def _hit(self, generation: Generation, kind: str, target: str, effective: int) -> Hit:
+        status = self._status(generation)
+        return Hit(
+            at=self.now(),
+            kind=kind,
+            target=target,
+            effective=effective,
+            steady=self._steady(generation),
+            expect=RESTART,
+            phase=str(status.get("phase")),
+            attempt=int(status.get("attempt", 0)),
+            restarts=int(status.get("restarts", 0)),
+            preemptions=int(status.get("preemptions", 0)),
+        )
+
+    def _node_back(self, node: str) -> None:
+        """Its kubelet back: it finishes what it was told while away (deleted pods go)."""
+        running = {"metadata": {"annotations": dict.fromkeys(KUBELET_STOPPED)}}
+        for pod in self.pods:
+            if pod.spec.node_name == node:
+                with contextlib.suppress(*UNAVAILABLE):
+                    self.cluster.core.patch_namespaced_pod(
+                        pod.metadata.name, self.namespace, running
+                    )
+                self.terminating_since.pop(pod.metadata.uid, None)
+        coordination = kubernetes.client.CoordinationV1Api(self.cluster.api)
+        with contextlib.suppress(*UNAVAILABLE):
+            coordination.delete_namespaced_lease(node, "kube-node-lease")
+        with contextlib.suppress(*UNAVAILABLE):
+            self.cluster.core.patch_node(
+                node, {"metadata": {"annotations": {"kwok.x-k8s.io/node": "fake"}}}
+            )
+        del self.silent[node]
+
+    def _fault_leader(self, fault: Fault) -> None:
+        del fault
+        leader = self._leader()
+        if leader is None:
+            self.applied["missed"] += 1
+            return
+        leader.kill()
+        leader.wait()
+        self.killed_operators += 1
+        # As the kubelet would: the killed replica comes back, as a standby.
+        self._start_operator(len(self.operators))
+
+    def _fault_apiserver(self, fault: Fault) -> None:
+        del fault
+        load_dev_cluster().restart_apiserver()
+
+    # -- invariants ---------------------------------------------------------------------------
+
+    def _violate(self, job: str, what: str) -> None:
+        if any(v.job == job and v.what == what for v in self.violations):
+            return
+        self.violations.append(Violation(self.now(), job, what))
+
+    def _check_pods(self) -> None:
+        live: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+        by_job: dict[str, list[Any]] = defaultdict(list)
+        now = self.now()
+        seen_terminating = set()
+        for pod in self.pods:
+            owner = next(iter(pod.metadata.owner_references or []), None)
+            if owner is None:
+                continue
+            by_job[owner.uid].append(pod)
+            labels = pod.metadata.labels or {}
+            if pod.metadata.deletion_timestamp is not None:
+                seen_terminating.add(pod.metadata.uid)
+                since = self.terminating_since.setdefault(pod.metadata.uid, now)
+                if now - since > TERMINATING_AT_MOST and pod.spec.node_name not in self.silent:
+                    self._violate(owner.name, f"pod {pod.metadata.name} left Terminating")
+                continue
+            if pod.status.phase in LIVE:
+                key = (
+                    owner.uid,
+                    labels.get(names.LABEL_ATTEMPT, ""),
+                    labels.get(names.LABEL_REPLICA_INDEX, ""),
+                )
+                live[key].append(pod.metadata.name)
+        self.terminating_since = {
+            uid: t for uid, t in self.terminating_since.items() if uid in seen_terminating
+        }
+        for (uid, attempt, index), pods in live.items():
+            if len(pods) > 1:
+                job = self.statuses.get(uid, {}).get("name", uid)
+                self._violate(job, f"two live pods for worker {index} of attempt {attempt}: {pods}")
+        for uid, pods in by_job.items():
+            running = {
+                int(p.metadata.labels.get(names.LABEL_ATTEMPT, 0))
+                for p in pods
+                if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
+            }
+            if len(running) > 1:
+                job = self.statuses.get(uid, {}).get("name", uid)
+                self._violate(job, f"workers of attempts {sorted(running)} run at once")
+        for n, (process, log_path) in enumerate(
+            zip(self.operators, self.operator_logs, strict=True)
+        ):
+            code = process.poll()
+            if code is None or code == -signal.SIGKILL or n in self.restarted_operators:
+                continue
+            self.restarted_operators.add(n)
+            if "leadership lost: exiting" in log_path.read_text(errors="replace"):
+                self.lost_leadership += 1  # by design; the kubelet starts it again
+                self._start_operator(len(self.operators))
+            else:
+                self._violate("operator", f"operator pid {process.pid} exited {code}")
+
+    def _settle(self) -> None:
+        """No more faults: every job still under way runs to its end (silent nodes come back)."""
+        for node in list(self.silent):
+            self._node_back(node)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            self._observe()
+            self._drive(creating=False)
+            if not self.generations:
+                return
+            time.sleep(0.5)
+        for generation in self.generations.values():
+            self._violate(
+                generation.name,
+                f"did not end within 5 min of the soak's end: {self._status(generation)}",
+            )
+
+    def _delete_all(self) -> None:
+        """Every child goes with its job (the ended jobs were deleted as they ended)."""
+        for generation in self.generations.values():
+            self._delete(generation)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            left = self.cluster.core.list_namespaced_pod(self.namespace).items
+            if not left:
+                break
+            time.sleep(1)
+        else:
+            for pod in left:
+                self._violate(pod.metadata.name, "pod left after its job was deleted")
+        owned = self.cluster.kubectl(
+            "get",
+            "services,networkpolicies,serviceaccounts,roles,rolebindings",
+            f"--namespace={self.namespace}",
+            "-o",
+            "jsonpath={range .items[?(@.metadata.ownerReferences)]}{.kind}/{.metadata.name} {end}",
+        ).stdout.split()
+        for child in owned:
+            self._violate(child, "left after its job was deleted")
+        for generation in self.ended:
+            self._check_counts(generation)
+
+    def _check_counts(self, generation: Generation) -> None:
+        outcome = generation.outcome or {}
+        phase, restarts = outcome.get("phase"), int(outcome.get("restarts", 0))
+        preemptions = int(outcome.get("preemptions", 0))
+        limit = int(generation.spec["runPolicy"]["backoffLimit"])
+        name = f"{generation.name} ({generation.uid[:8]})"
+        if phase == "Failed":
+            reason = (outcome.get("failure") or {}).get("reason")
+            conditions = {c["type"]: c for c in outcome.get("conditions", [])}
+            ended = conditions.get("Failed", {}).get("reason")
+            if ended != "BackoffLimitExceeded":
+                self._violate(
+                    name, f"Failed with {ended} (failure {reason}), not BackoffLimitExceeded"
+                )
+            elif restarts != limit:
+                self._violate(name, f"Failed at {restarts} restarts, backoffLimit {limit}")
+        if restarts > limit:
+            self._violate(name, f"{restarts} restarts past backoffLimit {limit}")
+        effective = sum(hit.effective for hit in generation.hits)
+        if restarts + preemptions > effective:
+            self._violate(
+                name, f"{restarts} restarts + {preemptions} preemptions from {effective} faults"
+            )
+        isolated = self._isolated(generation)
+        want = Counter(hit.expect for hit in isolated)
+        slack = 1 if phase == "Failed" else 0  # the failing restart is not counted
+        if restarts < want[RESTART] - slack:
+            self._violate(name, f"{restarts} restarts, {want[RESTART]} isolated faults to restart")
+        if preemptions < want[PREEMPTION]:
+            self._violate(
+                name, f"{preemptions} preemptions, {want[PREEMPTION]} isolated faults to resume"
+            )
+
+    def _isolated(self, generation: Generation) -> list[Hit]:
+        effective = [hit for hit in generation.hits if hit.effective]
+        ended = (generation.outcome or {}).get("at", float("inf"))
+        result = []
+        for hit in effective:
+            around = NODE_QUIET_AROUND if hit.kind == "node" else QUIET_AROUND
+            alone = all(
+                other is hit or abs(other.at - hit.at) > max(around, QUIET_AROUND)
+                for other in effective
+            )
+            if alone and hit.steady and hit.effective == 1 and ended - hit.at > around:
+                result.append(hit)
+        return result
+
+    # -- the report ---------------------------------------------------------------------------
+
+    def history(self, job: str) -> str:
+        generations = [g for g in [*self.ended, *self.generations.values()] if g.name in job]
+        lines = []
+        for generation in generations:
+            lines.append(f"{generation.name} uid {generation.uid[:8]} spec {generation.spec}")
+            lines += ["  " + hit.line() for hit in generation.hits]
+            lines.append(f"  outcome: {generation.outcome}")
+        return "\n".join(lines)
+
+    def results(self) -> dict[str, Any]:
+        """The run's figures, as docs/BENCHMARKS.md quotes them."""
+        rss = [mib for _, mib in self.rss if mib]
+        return {
+            "seed": self.settings.seed,
+            "settings": dataclasses.asdict(self.settings),
+            "minutes": round(self.now() / 60, 1),
+            "jobs_ended": dict(Counter(str((g.outcome or {}).get("phase")) for g in self.ended)),
+            "faults_applied": dict(sorted(self.applied.items())),
+            "hits": sum(len(g.hits) for g in self.ended),
+            "hits_not_isolated": sum(len(g.hits) - len(self._isolated(g)) for g in self.ended),
+            "operators_killed": self.killed_operators,
+            "ends_sent_again": self.finished_again,
+            "operators_exited_on_lost_leadership": self.lost_leadership,
+            "operator_rss_mib": {"start": rss[0], "end": rss[-1], "max": max(rss)} if rss else {},
+            "violations": [dataclasses.asdict(v) for v in self.violations],
+        }
+
+    def summary(self) -> str:
+        overlapping = sum(len(g.hits) - len(self._isolated(g)) for g in self.ended if g.hits)
+        outcomes = Counter((g.outcome or {}).get("phase") for g in self.ended)
+        rss = [mib for _, mib in self.rss if mib]
+        return "\n".join(
+            [
+                f"soak seed {self.settings.seed}: {self.settings.minutes:g} min, "
+                f"{len(self.ended)} jobs ended ({dict(outcomes)}), {self.settings.jobs} at once "
+                f"on {self.settings.nodes} kwok nodes",
+                f"faults applied: {dict(sorted(self.applied.items()))}; hits not isolated "
+                f"(overlapping or during a recovery): {overlapping}",
+                f"operator RSS (MiB): start {rss[0] if rss else '?'}, end "
+                f"{rss[-1] if rss else '?'}, max {max(rss) if rss else '?'}",
+                f"invariant violations: {len(self.violations)}",
+            ]
+        )
+
+
+def settings_from_env(default_minutes: float, default_jobs: int) -> Settings:
+    seed = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(10**6))
+    minutes = float(os.environ.get("SOAK_MINUTES") or default_minutes)
+    jobs = int(os.environ.get("SOAK_JOBS") or default_jobs)
+    return Settings(
+        seed=seed,
+        minutes=minutes,
+        jobs=jobs,
+        nodes=max(3, jobs // 8),
+        faults_per_minute=float(os.environ.get("SOAK_FAULTS_PER_MINUTE") or max(6, jobs)),
+    )
