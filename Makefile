@@ -21,13 +21,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SYNCED := $(VENV)/.synced
 
-.PHONY: help venv check test test-kind lint fmt crds manifests demo bench release-check cluster-build cluster-up cluster-down cluster-status clean
+.PHONY: help venv check test soak test-kind lint fmt crds manifests demo bench release-check cluster-build cluster-up cluster-down cluster-status clean
 
 help:
 	@echo "make demo            run the example job locally: 2 CPU workers (digits), no download"
 	@echo "make check           lint + the tests that need no cluster, no torch process and no"
 	@echo "                     network (tests/unit less those marked trainer): under a minute"
 	@echo "make test            lint + all test tiers (unit, trainer, cluster, e2e)"
+	@echo "make soak            faults at random on many kwok jobs for SOAK_MINUTES (30), SOAK_JOBS (60)"
+	@echo "                     at once; SOAK_SEED replays a run (its short form is in make test)"
 	@echo "make test-kind       on kind (podman, a local node image): docs/install.md's kind lines,"
 	@echo "                     then the e2e tier (about 20 min and 20 GB of disk; not in make test)"
 	@echo "make lint            ruff, mypy (strict: both packages and hack/devcluster), the layers"
@@ -74,6 +76,12 @@ check: lint
 
 test: lint
 	$(PY) -m pytest
+
+# The soak's long form (tests/cluster/soak.py); its figures go to docs/benchmarks-soak.json.
+soak: venv
+	SOAK_MINUTES=$${SOAK_MINUTES:-30} SOAK_JOBS=$${SOAK_JOBS:-60} \
+	SOAK_RESULTS=$${SOAK_RESULTS:-docs/benchmarks-soak.json} \
+	$(PY) -m pytest -s -p no:cacheprovider --timeout=0 tests/cluster/test_soak.py
 
 # On kind with Podman (tests/kind): docs/install.md's kind lines, then the e2e tier as the
 # GitHub workflow runs it. About 20 minutes and 20 GB of disk: not part of `make test`.
