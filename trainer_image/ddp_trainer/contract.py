@@ -105,6 +105,20 @@ RESERVED_ENV: Final = (
 # divides the cores among the node's ranks itself).
 CPU_THREADS_ENV: Final = "OMP_NUM_THREADS"
 
+# What `kube-ddp run --local` gives each worker process besides its pod's env, as a cluster
+# would: the GPUs its pod would hold (empty: a cpu pod sees no GPU), and its logs as they happen,
+# not when a pipe buffer fills (the trainer image sets the latter itself).
+VISIBLE_GPUS_ENV: Final = "CUDA_VISIBLE_DEVICES"
+UNBUFFERED_ENV: Final = "PYTHONUNBUFFERED"
+
+# MLflow's own defaults retry a server that does not answer for minutes (7 tries of up to
+# 120 s): rank 0 would hold its peers past their collective timeout. Rank 0 sets these in its
+# own process where unset, so they give up within a minute; a job's own env wins.
+MLFLOW_HTTP_ENV: Final = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+}
+
 # --- silent failures: progress heartbeats and a lost peer ------------------------------------
 # Rank 0 reports its progress (status.training) at least this often while it trains, so that
 # runPolicy.progressDeadlineSeconds can tell a hung group from a slow epoch; a deadline must
