@@ -130,8 +130,9 @@ def flight_recorder_prefix(checkpoint_dir: str, attempt: int) -> str:
     return f"{checkpoint_dir.rstrip('/')}/{FLIGHT_RECORDER_DIR}/attempt-{attempt}-rank-"
 
 
-def _launcher_defaults(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
-    """Settings the launcher and torch.distributed need that the user may still override."""
+def _launcher_defaults(job: DDPTrainingJob, attempt: int, own: Mapping[str, str]) -> dict[str, str]:
+    """Settings the launcher and torch.distributed need that the user may still override;
+    `own` are the launcher's own (`launchers.mpi`'s for Open MPI)."""
     spec = job.spec
     defaults: dict[str, str] = {}
     if spec.elastic is not None or spec.restarts_in_place:
@@ -140,8 +141,7 @@ def _launcher_defaults(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
         defaults[contract.OWN_WORKER_STORE_ENV] = "1"
     if spec.effective_backend == "nccl":
         defaults |= contract.NCCL_WATCHDOG_ENV
-    if spec.launcher == "mpi":
-        defaults |= contract.OPEN_MPI_ENV
+    defaults |= own
     checkpoint_dir = spec.trainer.checkpoint_dir if spec.trainer is not None else None
     if checkpoint_dir is not None and checkpoint_dir.startswith("/"):
         defaults[contract.FLIGHT_RECORDER_FILE] = flight_recorder_prefix(checkpoint_dir, attempt)
@@ -168,14 +168,17 @@ def checkpoint_store_env(spec: DDPTrainingJobSpec) -> list[Obj]:
     ]
 
 
-def worker_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[Obj]:
+def worker_env(
+    job: DDPTrainingJob, index: int | None, attempt: int, launcher_env: Mapping[str, str] = {}
+) -> list[Obj]:
     """The contract first, then the user's env (which may refer to it as $(NAME)); a default
-    or a checkpoint store's variable that the user's env also sets is left to the user's."""
+    (`launcher_env` the launcher's own) or a checkpoint store's variable that the user's env
+    also sets is left to the user's."""
     user = [e.model_dump(by_alias=True, exclude_none=True) for e in job.spec.env]
     chosen = {e["name"] for e in user}
     defaults = [
         {"name": name, "value": value}
-        for name, value in _launcher_defaults(job, attempt).items()
+        for name, value in _launcher_defaults(job, attempt, launcher_env).items()
         if name not in chosen
     ]
     store = [e for e in checkpoint_store_env(job.spec) if e["name"] not in chosen]
