@@ -7,11 +7,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from pathlib import Path
 
-from benchmarks.markdown import replace_section
+from benchmarks.markdown import DOCUMENT, Section, raw_path, write_section
 
-DOCUMENT = Path(__file__).resolve().parents[1] / "docs" / "BENCHMARKS.md"
 # name -> module of this package, in the order `all` runs them; each section is named after it.
 BENCHMARKS = {
     "trainer": "trainer",
@@ -40,11 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for name in BENCHMARKS if args.which == "all" else (args.which,):
         module = importlib.import_module(f"benchmarks.{BENCHMARKS[name]}")
-        section = module.run(args)
-        print(section)
-        if section and not args.no_write and not args.quick:  # "": nothing measured here
-            replace_section(DOCUMENT, name, section)
-            print(f"benchmarks: wrote the {name} section of {DOCUMENT}", file=sys.stderr)
+        section: Section = module.run(args)
+        print(section.text)
+        if section.text and not args.no_write and not args.quick:  # "": nothing measured here
+            write_section(DOCUMENT, name, section)
+            print(f"benchmarks: wrote the {name} section of {DOCUMENT} and {raw_path(name)}",
+                  file=sys.stderr)  # fmt: skip
     return 0
 
 

@@ -14,6 +14,7 @@ import argparse
 import os
 import time
 
+from benchmarks.markdown import Section, raw_note
 from benchmarks.trainer import MLP, SHARED, WRN, Rate, Variant, cpu_count, cpu_description, measure
 
 NEVER = "--stop-check-steps=1000000"
@@ -24,7 +25,7 @@ WORKLOADS = {
 }
 
 
-def run(args: argparse.Namespace) -> str:
+def run(args: argparse.Namespace) -> Section:
     repeats = 1 if args.quick else args.repeats
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     started = time.time()
@@ -53,11 +54,23 @@ def run(args: argparse.Namespace) -> str:
             f"({_change(agreed, default)}) | {often} ({_change(agreed, often)}) "
             f"| {per_second_cost / DEFAULT_SECONDS * 100:+.3f}% |"
         )
-    return "\n".join(
+    raw = {
+        "repeats": repeats,
+        "cpus": cpu_count(),
+        "cpu": cpu_model,
+        "load": load,
+        "minutes": minutes,
+        "images_per_sec": {  # every run's, by workload and variant
+            name: {label: list(rate.samples) for label, rate in rates.items()}
+            for name, rates in results.items()
+        },
+    }
+    text = "\n".join(
         [
             "## Checkpoints and SIGTERM",
             "",
-            "Command: `python -m benchmarks checkpoint` (part of `make bench`).",
+            f"Command: `python -m benchmarks checkpoint` (part of `make bench`). "
+            f"{raw_note('checkpoint')}",
             "",
             f"Machine: {cpu_count()} CPUs, {cpu_model}, no GPU. Load average {load:.1f} at the "
             f"start (shared machine: noisy). The run took {minutes:.1f} minutes.",
@@ -80,6 +93,7 @@ def run(args: argparse.Namespace) -> str:
             "two-core machine that already runs both ranks' computation.",
         ]
     )
+    return Section(text, raw)
 
 
 def _change(before: Rate, after: Rate) -> str:

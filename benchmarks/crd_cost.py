@@ -30,6 +30,7 @@ import kubernetes
 import yaml
 
 from benchmarks.contenders import OUT
+from benchmarks.markdown import Section, raw_note
 from benchmarks.operator_measure import cpu_seconds
 from benchmarks.trainer import machine_line
 from tests.cluster.support import Cluster, fresh_namespace, load_dev_cluster
@@ -196,7 +197,7 @@ def render(results: dict[str, Any]) -> str:
         [
             "## What the CRD's schema costs per create",
             "",
-            "Command: `python -m benchmarks crd` (part of `make bench`).",
+            f"Command: `python -m benchmarks crd` (part of `make bench`). {raw_note('crd')}",
             "",
             machine_line(
                 "the dev cluster's control plane (one kube-apiserver, one etcd) on it",
@@ -219,9 +220,9 @@ def render(results: dict[str, Any]) -> str:
     )
 
 
-def run(args: argparse.Namespace) -> str:
+def run(args: argparse.Namespace) -> Section:
     """`python -m benchmarks crd`."""
     results = measure(1 if args.quick else args.repeats, QUICK_JOBS if args.quick else JOBS)
     if not args.quick:
         RESULTS.write_text(json.dumps(results, indent=1))
-    return render(results)
+    return Section(render(results), results)

@@ -20,12 +20,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+from benchmarks.markdown import Section, raw_note, raw_path
 from benchmarks.trainer import SHARED, Variant
 
-RAW = Path(__file__).resolve().parents[1] / "docs" / "benchmarks-gpu.json"
+RAW = raw_path("gpu")
 COMMAND = "python -m benchmarks gpu"
 RUN_TIMEOUT_S = 240
 SAMPLES = 12_800
@@ -90,8 +90,7 @@ def render(raw: dict[str, Any]) -> str:
         "## GPU",
         "",
         f"Command: `{COMMAND}` (on a machine with CUDA; `benchmarks/gpu_run.sh` runs it with "
-        "the CUDA tests where the trainer's dependencies must be carried). Raw results: "
-        "`docs/benchmarks-gpu.json`.",
+        f"the CUDA tests where the trainer's dependencies must be carried). {raw_note('gpu')}",
         "",
         f"Machine: {raw['device']}, driver {raw['driver']}, CUDA {raw['cuda']}, torch "
         f"{raw['torch']}, Python {raw['python']}, {raw['cpus']} CPUs. The run took "
@@ -174,12 +173,12 @@ def machine() -> dict[str, Any]:
     }
 
 
-def run(args: argparse.Namespace) -> str:
+def run(args: argparse.Namespace) -> Section:
     import torch
 
     if not torch.cuda.is_available():
         print("gpu benchmark: no GPU here, its section is kept as it is", file=sys.stderr)
-        return ""
+        return Section("")
     repeats = 1 if args.quick else args.repeats
     started = time.time()
     raw: dict[str, Any] = {**machine(), "repeats": repeats, "shared_args": list(SHARED)}
@@ -192,4 +191,4 @@ def run(args: argparse.Namespace) -> str:
             raw["minutes"] = (time.time() - started) / 60
             if not args.quick:  # after every run: a run cut short keeps what it measured
                 RAW.write_text(json.dumps(raw, indent=1) + "\n")
-    return render(raw)
+    return Section(render(raw), raw)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.markdown import Section, raw_note
 from benchmarks.trainer import TORCHRUN, cpu_count, cpu_description, trainer_env
 
 # 700,000 28x28 images: 549 MB of uint8, 2.2 GB as float32 (the budget is 2 GiB).
@@ -58,7 +59,7 @@ batches._Samples = _Copied
 '''
 
 
-def run(args: argparse.Namespace) -> str:
+def run(args: argparse.Namespace) -> Section:
     repeats = 1 if args.quick else args.repeats
     images = 70_000 if args.quick else TRAIN_IMAGES
     started = time.time()
@@ -88,11 +89,25 @@ def run(args: argparse.Namespace) -> str:
     ]
     shared_pod = statistics.median(p[1] for p in peaks["shared"])
     copied_pod = statistics.median(p[1] for p in peaks["copied"])
-    return "\n".join(
+    raw = {
+        "repeats": repeats,
+        "images": images,
+        "ranks": RANKS,
+        "workers": WORKERS,
+        "cpus": cpu_count(),
+        "cpu": cpu_description()[0],
+        "minutes": minutes,
+        "peak_pss_bytes": {  # every run's, by variant
+            variant: [{"rank": rank, "pod": pod} for rank, pod in values]
+            for variant, values in peaks.items()
+        },
+    }
+    text = "\n".join(
         [
             "## The DataLoader path's memory",
             "",
-            "Command: `python -m benchmarks loader-memory` (part of `make bench`).",
+            "Command: `python -m benchmarks loader-memory` (part of `make bench`). "
+            f"{raw_note('loader-memory')}",
             "",
             f"Machine: {cpu_count()} CPUs, {cpu_description()[0]}. The run took {minutes:.1f} "
             f"minutes. {RANKS} ranks under torchrun, {WORKERS} loader workers each "
@@ -112,6 +127,7 @@ def run(args: argparse.Namespace) -> str:
             "ranks of one pod do not share theirs.",
         ]
     )
+    return Section(text, raw)
 
 
 def _mib(values: list[float]) -> str:

@@ -25,13 +25,13 @@ import sys
 from pathlib import Path
 
 from benchmarks.contenders import CONTENDERS, OUT
-from benchmarks.markdown import replace_section
+from benchmarks.markdown import Section, write_section
 from benchmarks.operator_measure import QUICK, STAGES, Sizes, measure
 from benchmarks.operator_plots import plot
 from benchmarks.operator_report import DOCUMENT, render
 
 
-def run(args: argparse.Namespace) -> str:
+def run(args: argparse.Namespace) -> Section:
     """`python -m benchmarks operator [--peers]`: measure, plot, and the markdown section."""
     sizes = QUICK if args.quick else Sizes()
     chosen = list(CONTENDERS.values()) if args.peers else [CONTENDERS["kube-ddp"]]
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> str:
     (OUT / "results.json").write_text(json.dumps(results, indent=1))
     if not args.quick and not args.no_write:
         plot(results, sizes)
-    return render(results, sizes, command)
+    return Section(render(results, sizes, command), results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         "--render",
         type=Path,
         metavar="RESULTS",
-        help="measure nothing: write the section of docs/BENCHMARKS.md and the plots from a "
-        "results.json of an earlier run",
+        help="measure nothing: write the section of docs/BENCHMARKS.md, its raw results and "
+        "the plots from a results.json of an earlier run",
     )
     args = parser.parse_args(argv)
     if args.render:
@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             **{k: tuple(v) if isinstance(v, list) else v for k, v in results["sizes"].items()}
         )
         plot(results, sizes)
-        replace_section(DOCUMENT, "operator", render(results, sizes, results["command"]))
+        section = Section(render(results, sizes, results["command"]), results)
+        write_section(DOCUMENT, "operator", section)
         return 0
     sizes = QUICK if args.quick else Sizes()
     if args.scale_jobs:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.markdown import raw_note
 from benchmarks.operator_measure import REPO, Sizes
 
 DOCS = REPO / "docs"
@@ -48,8 +49,8 @@ def render(results: dict[str, Any], sizes: Sizes, command: str) -> str:
     lines = [
         "## Operator, side by side with Kubeflow's controllers",
         "",
-        f"Command: `{command}`. Results of one run ({results['minutes']:.0f} min);",
-        "raw figures in `.bench/results.json` (git-ignored).",
+        f"Command: `{command}`. Results of one run ({results['minutes']:.0f} min).",
+        raw_note("operator"),
         *([results["note"]] if results.get("note") else []),  # where stages come from elsewhere
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, {cpu_model()}, "

@@ -42,7 +42,7 @@ from typing import Any
 import kubernetes
 
 from benchmarks.contenders import CONTENDERS, JOBSET_NAME_LABEL, OUT
-from benchmarks.markdown import replace_section
+from benchmarks.markdown import Section, raw_note, write_section
 from benchmarks.operator_measure import apply_our_crd
 from benchmarks.trainer import cpu_count, cpu_description
 from ddp_trainer.contract import HEARTBEAT_ENV
@@ -685,14 +685,14 @@ def _said(outcome: Outcome) -> str:
             f"{outcome.worker_seconds:.1f} worker-s")  # fmt: skip
 
 
-def run(args: argparse.Namespace) -> str:
+def run(args: argparse.Namespace) -> Section:
     """`python -m benchmarks recovery`: every contender, every fault."""
     faults = ["crash"] if args.quick else list(FAULTS)
     repeats = 1 if args.quick else args.repeats
     results = measure(repeats, faults, list(CONTESTANTS.values()), args.quick)
     if not args.quick and not args.no_write:
         plot(results)
-    return render(results)
+    return Section(render(results), results)
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -760,7 +760,8 @@ def render(results: dict[str, Any]) -> str:
             "",
             "Command: `python -m benchmarks recovery` (part of `make bench`; "
             "`python -m benchmarks.recovery --contender KEY --fault FAULT` for some cells, "
-            "`--render` to write this section from `.bench/recovery.json`).",
+            "`--render` to write this section from `.bench/recovery.json`). "
+            f"{raw_note(SECTION)}",
             "",
             f"Machine: {cpu_count()} CPUs, {cpu_model}, no GPU; the dev cluster's real node is "
             f"this machine. Load average (1 min) before each run {load}: the machine is "
@@ -879,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
     print(section)
     if not args.no_write and not args.quick:
         plot(results)
-        replace_section(DOCUMENT, SECTION, section)
+        write_section(DOCUMENT, SECTION, Section(section, results))
     return 0
 
 

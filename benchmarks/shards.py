@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.contenders import OUT, KubeDDP, kube_ddp_operator
+from benchmarks.markdown import Section, raw_note
 from benchmarks.operator_measure import (
     Bench,
     Watcher,
@@ -143,7 +144,7 @@ def render(results: dict[str, Any]) -> str:
         [
             "## Two operator shards against one",
             "",
-            "Command: `python -m benchmarks shards` (part of `make bench`).",
+            f"Command: `python -m benchmarks shards` (part of `make bench`). {raw_note('shards')}",
             "",
             machine_line(
                 "the dev cluster's control plane on it, the operators beside it",
@@ -167,9 +168,9 @@ def render(results: dict[str, Any]) -> str:
     )
 
 
-def run(args: argparse.Namespace) -> str:
+def run(args: argparse.Namespace) -> Section:
     """`python -m benchmarks shards`."""
     results = measure(1 if args.quick else args.repeats, QUICK_JOBS if args.quick else JOBS)
     if not args.quick:
         RESULTS.write_text(json.dumps(results, indent=1))
-    return render(results)
+    return Section(render(results), results)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.markdown import Section, raw_note
+
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 COMMAND = "make bench"  # = python -m benchmarks all --repeats 3
@@ -145,7 +147,7 @@ def cpu_description() -> tuple[str, bool]:
     return model or "unknown CPU", "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-def run(args: argparse.Namespace) -> str:
+def run(args: argparse.Namespace) -> Section:
     import torch  # here, not at the top: the recovery report's tests import cpu_description
 
     repeats = 1 if args.quick else args.repeats
@@ -188,7 +190,7 @@ def run(args: argparse.Namespace) -> str:
         "## Trainer",
         "",
         f"Command: `{COMMAND}` (the trainer part alone: `python -m benchmarks trainer`; "
-        "`--quick` for a smoke run that writes nothing).",
+        f"`--quick` for a smoke run that writes nothing). {raw_note('trainer')}",
         "",
         f"Machine: {cpu_count()} CPUs, {cpu_model}"
         f"{' with bf16 in hardware (AMX, AVX512-BF16)' if native_bf16 else ''}, no GPU; "
@@ -237,7 +239,27 @@ def run(args: argparse.Namespace) -> str:
         "",
         "GPU figures: the GPU section (`python -m benchmarks gpu`).",
     ]
-    return "\n".join(lines)
+    raw = {
+        "command": COMMAND,
+        "repeats": repeats,
+        "cpus": cpu_count(),
+        "cpu": cpu_model,
+        "native_bf16": native_bf16,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load": load,
+        "minutes": minutes,
+        "images_per_sec": {  # every run's, by measurement and variant
+            name: {label: list(rate.samples) for label, rate in rates.items()}
+            for name, rates in (
+                ("MLP, 2 processes", mlp_two),
+                ("MLP, 1 process", mlp_one),
+                ("WRN-10-2, 2 processes", wrn_two),
+                ("WRN-10-2, 1 process", wrn_one),
+            )
+        },
+    }
+    return Section("\n".join(lines), raw)
 
 
 def _overhead_row(model: str, rates: dict[str, Rate]) -> str:

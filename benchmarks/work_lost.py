@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.markdown import Section, raw_note
 from benchmarks.trainer import SHARED, WRN, cpu_count, cpu_description, trainer_env
 from ddp_trainer.contract import EXIT_PREEMPTED
 
@@ -256,7 +257,7 @@ class Job:
         run.stop()
 
 
-def run(args: argparse.Namespace) -> str:
+def run(args: argparse.Namespace) -> Section:
     failures = 1 if args.quick else max(3, args.repeats)
     samples = QUICK_SAMPLES if args.quick else SAMPLES
     places = _places(failures)
@@ -280,7 +281,24 @@ def run(args: argparse.Namespace) -> str:
         for job in jobs:
             job.resume_last()
     minutes = (time.time() - started) / 60
-    return _section(jobs, failures, load, minutes)
+    raw = {
+        "failures": failures,
+        "places": places,  # where in the window each failure hit, as a fraction of it
+        "load": load,
+        "minutes": minutes,
+        "jobs": [
+            {
+                "variant": job.variant.label,
+                "samples": job.samples,
+                "redone_steps": job.redone,
+                "signal_to_exit_s": job.exits,
+                "seconds": job.seconds,
+                "steps": job.steps,
+            }
+            for job in jobs
+        ],
+    }
+    return Section(_section(jobs, failures, load, minutes), raw)
 
 
 def _places(failures: int) -> list[float]:
@@ -317,7 +335,7 @@ def _section(jobs: list[Job], failures: int, load: float, minutes: float) -> str
             "## Work lost per failure",
             "",
             "Command: `python -m benchmarks work-lost` (part of `make bench`; `--quick` for a "
-            "smoke run that writes nothing).",
+            f"smoke run that writes nothing). {raw_note('work-lost')}",
             "",
             f"Machine: {cpu_count()} CPUs, {cpu_model}, no GPU. Load average {load:.1f} at the "
             f"start (shared machine: noisy). The run took {minutes:.1f} minutes.",

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any
 
 from ddp_trainer import contract
 from ddp_trainer.options import TrainerOptions, to_argv
@@ -121,23 +121,6 @@ def contract_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[O
     return result
 
 
-# NCCL's watchdog, so that a hung collective or a lost peer ends the process in a bounded time
-# and leaves a trace of where each rank was (docs/design.md, "Hangs and lost peers"). Each was
-# read in the pinned torch 2.15 (ProcessGroupNCCL.hpp, FlightRecorder.hpp); set although some
-# are 2.15's defaults, because images of their own carry older torch where they were not.
-NCCL_WATCHDOG_ENV: Final = {
-    # A timeout or NCCL error ends the process without ncclCommAbort, which can itself hang on
-    # a dead peer (SkipCleanUp); torchrun would set 1 (TearDown) for its ranks.
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
-    # The heartbeat monitor ends the process when the watchdog itself is stuck in a CUDA or
-    # NCCL call (after TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC, 480 s).
-    "TORCH_NCCL_ENABLE_MONITORING": "1",
-    # The flight recorder: the last 2000 collectives of each rank (2.15's default for NCCL;
-    # off in torch before 2.4 and for torchcomms backends, whose default is 0).
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-    # ... written to TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank> when a collective times out.
-    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-}
 FLIGHT_RECORDER_DIR = "flight-recorder"  # under the trainer's checkpointDir
 
 
@@ -147,15 +130,9 @@ def flight_recorder_prefix(checkpoint_dir: str, attempt: int) -> str:
     return f"{checkpoint_dir.rstrip('/')}/{FLIGHT_RECORDER_DIR}/attempt-{attempt}-rank-"
 
 
-# Open MPI 4.1's orted shares its hwloc topology through shared memory mapped at a fixed
-# address; with Debian's 4.1.4 one orted start in ten segfaults there (hwloc_shmem_topology_write,
-# measured on the dev machine). Without it each rank reads the topology itself. mpirun passes
-# its OMPI_MCA_ variables on to every orted; Open MPI 5 has no such parameter and ignores it.
-OPEN_MPI_ENV = {"OMPI_MCA_rtc_hwloc_vmhole": "none"}
-
-
-def _launcher_defaults(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
-    """Settings the launcher and torch.distributed need that the user may still override."""
+def _launcher_defaults(job: DDPTrainingJob, attempt: int, own: Mapping[str, str]) -> dict[str, str]:
+    """Settings the launcher and torch.distributed need that the user may still override;
+    `own` are the launcher's own (`launchers.mpi`'s for Open MPI)."""
     spec = job.spec
     defaults: dict[str, str] = {}
     if spec.elastic is not None or spec.restarts_in_place:
@@ -163,9 +140,8 @@ def _launcher_defaults(job: DDPTrainingJob, attempt: int) -> dict[str, str]:
         # does not set it itself: contract.OWN_WORKER_STORE_ENV says why.
         defaults[contract.OWN_WORKER_STORE_ENV] = "1"
     if spec.effective_backend == "nccl":
-        defaults |= NCCL_WATCHDOG_ENV
-    if spec.launcher == "mpi":
-        defaults |= OPEN_MPI_ENV
+        defaults |= contract.NCCL_WATCHDOG_ENV
+    defaults |= own
     checkpoint_dir = spec.trainer.checkpoint_dir if spec.trainer is not None else None
     if checkpoint_dir is not None and checkpoint_dir.startswith("/"):
         defaults[contract.FLIGHT_RECORDER_FILE] = flight_recorder_prefix(checkpoint_dir, attempt)
@@ -192,14 +168,17 @@ def checkpoint_store_env(spec: DDPTrainingJobSpec) -> list[Obj]:
     ]
 
 
-def worker_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[Obj]:
+def worker_env(
+    job: DDPTrainingJob, index: int | None, attempt: int, launcher_env: Mapping[str, str] = {}
+) -> list[Obj]:
     """The contract first, then the user's env (which may refer to it as $(NAME)); a default
-    or a checkpoint store's variable that the user's env also sets is left to the user's."""
+    (`launcher_env` the launcher's own) or a checkpoint store's variable that the user's env
+    also sets is left to the user's."""
     user = [e.model_dump(by_alias=True, exclude_none=True) for e in job.spec.env]
     chosen = {e["name"] for e in user}
     defaults = [
         {"name": name, "value": value}
-        for name, value in _launcher_defaults(job, attempt).items()
+        for name, value in _launcher_defaults(job, attempt, launcher_env).items()
         if name not in chosen
     ]
     store = [e for e in checkpoint_store_env(job.spec) if e["name"] not in chosen]

@@ -12,7 +12,6 @@ from ddp_trainer import contract
 from kube_ddp import names
 from kube_ddp.api import JobStatus
 from kube_ddp.builders import (
-    OPEN_MPI_ENV,
     RESTRICTED_CONTAINER_CONTEXT,
     RESTRICTED_POD_CONTEXT,
     BuildSettings,
@@ -746,7 +745,7 @@ def test_mpijob_exports_the_contract_and_user_env() -> None:
 
 def test_mpi_launchers_orteds_skip_the_topology_shmem_unless_the_user_says() -> None:
     launcher = mpijob(GAUDI_2X8)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
-    assert env_of(launcher["containers"][0]).items() >= OPEN_MPI_ENV.items()
+    assert env_of(launcher["containers"][0]).items() >= contract.OPEN_MPI_ENV.items()
     mine = {"name": "OMPI_MCA_rtc_hwloc_vmhole", "value": "biggest"}
     spec = mpijob({**GAUDI_2X8, "env": [mine]})["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]
     assert [e for e in spec["spec"]["containers"][0]["env"] if e["name"] == mine["name"]] == [mine]
@@ -874,7 +873,7 @@ def test_reserved_env_is_exactly_what_the_builders_set() -> None:
             for container in _containers(child):
                 injected |= {e["name"] for e in container["env"]}
     # defaults, overridable
-    injected -= {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", *NCCL_WATCHDOG, *OPEN_MPI_ENV}
+    injected -= {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", *NCCL_WATCHDOG, *contract.OPEN_MPI_ENV}
     assert injected == set(names.RESERVED_ENV)
 
 

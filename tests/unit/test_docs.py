@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from ddp_trainer import contract
 from kube_ddp.api import load_job
-from kube_ddp.builders import NCCL_WATCHDOG_ENV
 from kube_ddp.crd import PRINTER_COLUMNS
 from kube_ddp.reasons import PodReason, Reason
 from tests.kind.lines import as_run_here, build_arg, dockerfile, kind_lines
@@ -141,7 +141,7 @@ def test_the_gaudi_example_names_the_image_install_md_builds_with_mpi() -> None:
 
 def test_the_design_lists_every_watchdog_setting_with_its_value() -> None:
     design = (REPO / "docs" / "design.md").read_text()
-    for name, value in NCCL_WATCHDOG_ENV.items():
+    for name, value in contract.NCCL_WATCHDOG_ENV.items():
         assert f"| `{name}` | {value} |" in design, name
 
 

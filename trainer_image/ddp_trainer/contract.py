@@ -105,6 +105,20 @@ RESERVED_ENV: Final = (
 # divides the cores among the node's ranks itself).
 CPU_THREADS_ENV: Final = "OMP_NUM_THREADS"
 
+# What `kube-ddp run --local` gives each worker process besides its pod's env, as a cluster
+# would: the GPUs its pod would hold (empty: a cpu pod sees no GPU), and its logs as they happen,
+# not when a pipe buffer fills (the trainer image sets the latter itself).
+VISIBLE_GPUS_ENV: Final = "CUDA_VISIBLE_DEVICES"
+UNBUFFERED_ENV: Final = "PYTHONUNBUFFERED"
+
+# MLflow's own defaults retry a server that does not answer for minutes (7 tries of up to
+# 120 s): rank 0 would hold its peers past their collective timeout. Rank 0 sets these in its
+# own process where unset, so they give up within a minute; a job's own env wins.
+MLFLOW_HTTP_ENV: Final = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+}
+
 # --- silent failures: progress heartbeats and a lost peer ------------------------------------
 # Rank 0 reports its progress (status.training) at least this often while it trains, so that
 # runPolicy.progressDeadlineSeconds can tell a hung group from a slow epoch; a deadline must
@@ -119,6 +133,24 @@ STRAGGLER_RATIO: Final = 1.5
 # 2.15 also reads TORCH_FR_DUMP_TEMP_FILE): the operator points it beside the checkpoints and
 # the trainer creates its directory.
 FLIGHT_RECORDER_FILE: Final = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+# NCCL's watchdog, so that a hung collective or a lost peer ends the process in a bounded time
+# and leaves a trace of where each rank was (docs/design.md, "Hangs and lost peers"). Each was
+# read in the pinned torch 2.15 (ProcessGroupNCCL.hpp, FlightRecorder.hpp); set although some
+# are 2.15's defaults, because images of their own carry older torch where they were not. The
+# operator sets them on every worker of a job on NCCL, as defaults the job's own env overrides.
+NCCL_WATCHDOG_ENV: Final = {
+    # A timeout or NCCL error ends the process without ncclCommAbort, which can itself hang on
+    # a dead peer (SkipCleanUp); torchrun would set 1 (TearDown) for its ranks.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    # The heartbeat monitor ends the process when the watchdog itself is stuck in a CUDA or
+    # NCCL call (after TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC, 480 s).
+    "TORCH_NCCL_ENABLE_MONITORING": "1",
+    # The flight recorder: the last 2000 collectives of each rank (2.15's default for NCCL;
+    # off in torch before 2.4 and for torchcomms backends, whose default is 0).
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    # ... written to TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank> when a collective times out.
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
 # The trainer's exit code when a collective timed out or a peer went away (torch.distributed
 # raised, not the program): the operator's default rules restart the group for it.
 EXIT_PEER_LOST: Final = 88
@@ -152,6 +184,15 @@ def exit_restarts(code: int, policy: str, retryable: Collection[int] = ()) -> bo
     if policy == "OnFailure":
         return True
     return code >= SIGNALLED or code in (EXIT_TEMPORARY, EXIT_PEER_LOST) or code in retryable
+
+
+# --- Open MPI: launcher mpi ----------------------------------------------------------------
+# Open MPI 4.1's orted shares its hwloc topology through shared memory mapped at a fixed
+# address; with Debian's 4.1.4 one orted start in ten segfaults there (hwloc_shmem_topology_write,
+# measured on the dev machine). Without it each rank reads the topology itself. mpirun passes
+# its OMPI_MCA_ variables on to every orted; Open MPI 5 has no such parameter and ignores it.
+# The operator sets it on every pod of an mpi job, as a default the job's own env overrides.
+OPEN_MPI_ENV: Final = {"OMPI_MCA_rtc_hwloc_vmhole": "none"}
 
 
 # --- checkpoints in an S3-compatible object store ------------------------------------------

@@ -33,10 +33,6 @@ JOB_NAME_TAG = "kubeddp.io/job-name"
 JOB_NAMESPACE_TAG = "kubeddp.io/job-namespace"
 CHECKPOINT_TAG = "kubeddp.io/checkpoint"
 STATUS = {"finished": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
-# MLflow's own defaults retry a server that does not answer for minutes (7 tries of up to
-# 120 s): rank 0 would hold its peers past their collective timeout. These give up within a
-# minute; a job's own env wins.
-GIVE_UP_SOONER = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
 
 
 class MlflowRun:
@@ -54,7 +50,7 @@ class MlflowRun:
         from mlflow import MlflowClient  # here: mlflow is optional
         from mlflow.entities import Param
 
-        for name, value in GIVE_UP_SOONER.items():
+        for name, value in contract.MLFLOW_HTTP_ENV.items():
             os.environ.setdefault(name, value)  # MLflow reads these from the process
         client = MlflowClient(tracking_uri=env[TRACKING_URI_ENV])
         experiment_id = _experiment_id(client, env)

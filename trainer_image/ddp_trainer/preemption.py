@@ -33,6 +33,7 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any, NoReturn
 
+from ddp_trainer import contract
 from ddp_trainer.contract import EXIT_PREEMPTED
 from ddp_trainer.errors import end_process
 
@@ -89,7 +90,7 @@ class Preemption:
 
     @staticmethod
     def _single_process() -> bool:
-        return int(os.environ.get("WORLD_SIZE", "1")) == 1
+        return int(os.environ.get(contract.WORLD_SIZE, "1")) == 1
 
     def stop_requested(self) -> bool:
         """Whether any rank got SIGTERM, the same answer on every rank: call it on every rank

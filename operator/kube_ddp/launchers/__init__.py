@@ -1,7 +1,7 @@
 """Each launcher in one unit: what it builds for an attempt, the pods it reads and the kinds it
 watches. `launcher_of(job)` is the job's; the controller and `render` ask it once instead of
-testing `spec.launcher`. Pure, like `builders`: a job in, objects out. Each launcher's path of
-`status.decide` is `status.torchrun` and `status.mpi`.
+testing `spec.launcher`. Pure, like `builders`: a job in, objects out. `status.decide` finds
+each launcher's path (`status.torchrun`, `status.mpi`) by the same name, in `status.PATHS`.
 """
 
 from __future__ import annotations

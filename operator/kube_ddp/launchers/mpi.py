@@ -102,7 +102,7 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
     exported = [
         contract.MASTER_ADDR,
         *MPI_FORWARDED_ENV,
-        *(e["name"] for e in worker_env(job, None, 0)),
+        *(e["name"] for e in worker_env(job, None, 0, contract.OPEN_MPI_ENV)),
     ]
     # The workers' sshd listens on ssh_port and trusts the job's key (their start script).
     ssh = (
@@ -239,7 +239,7 @@ def _mpi_templates(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -
     worker running sshd."""
     spec = job.spec
     pod_labels = mpi_pod_labels(job, attempt)
-    env = worker_env(job, None, attempt)
+    env = worker_env(job, None, attempt, contract.OPEN_MPI_ENV)
     worker = _container(
         job,
         name="worker",

@@ -68,8 +68,9 @@ class Machine:
 
 def visible_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
     """CUDA_VISIBLE_DEVICES when set (as CUDA reads it), else the GPUs nvidia-smi lists."""
-    if "CUDA_VISIBLE_DEVICES" in env:
-        return tuple(d.strip() for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip())
+    if contract.VISIBLE_GPUS_ENV in env:
+        visible = env[contract.VISIBLE_GPUS_ENV]
+        return tuple(d.strip() for d in visible.split(",") if d.strip())
     nvidia_smi = shutil.which("nvidia-smi")
     if nvidia_smi is None:
         return ()
@@ -256,10 +257,10 @@ def _local_extras(
         per_node = spec.accelerator.per_node or 1
         devices = list(local.machine.gpus[index * per_node : (index + 1) * per_node])
     extras = {
-        "CUDA_VISIBLE_DEVICES": ",".join(devices),  # empty: a cpu pod sees no GPU
+        contract.VISIBLE_GPUS_ENV: ",".join(devices),  # empty: a cpu pod sees no GPU
         contract.API_SERVER_ENV: local.api_server,
         contract.TOKEN_FILE_ENV: str(local.token_file),
-        "PYTHONUNBUFFERED": "1",  # worker logs as they happen, not when a pipe buffer fills
+        contract.UNBUFFERED_ENV: "1",
     }
     if contract.CPU_THREADS_ENV not in pod_env:
         # Pods get their CPU share from their limits; here all workers share this machine.

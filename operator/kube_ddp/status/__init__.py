@@ -12,8 +12,9 @@ launchers' paths), `refusals` (what the API server's refusal of a child means fo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
+from typing import Final
 
 from kube_ddp.api import DDPTrainingJob, JobStatus
 from kube_ddp.builders import termination_grace_seconds
@@ -39,6 +40,7 @@ from kube_ddp.status.views import MPIJobView, PodView, mount_look_due
 
 __all__ = [
     "FINISHED",
+    "PATHS",
     "UNDER_WAY",
     "Action",
     "CreateWorkers",
@@ -47,6 +49,7 @@ __all__ = [
     "DeleteMPIJob",
     "DeletePods",
     "Event",
+    "LauncherPath",
     "MPIJobView",
     "PodView",
     "Refusal",
@@ -59,6 +62,24 @@ __all__ = [
     "refuse",
     "reject",
 ]
+
+# One launcher's path of `decide`: the draft to fill, the job, its observed pods, the names
+# of the ones created but not yet seen, its MPIJob (None where the launcher makes none) and
+# who holds it suspended.
+LauncherPath = Callable[
+    [
+        Draft,
+        DDPTrainingJob,
+        list[PodView],
+        Sequence[str],
+        MPIJobView | None,
+        tuple[str, str] | None,
+    ],
+    None,
+]
+# Each launcher's path, by `spec.launcher`: the names of `kube_ddp.launchers.LAUNCHERS`, which
+# builds what each path reads (that package sits above this one, so it is not asked here).
+PATHS: Final[Mapping[str, LauncherPath]] = {"torchrun": decide_torchrun, "mpi": decide_mpi}
 
 
 def decide(
@@ -81,10 +102,7 @@ def decide(
     )
     # Pinned before a restart that keeps the attempt (in place, a replaced pod) moves restarts.
     draft.update(observed_generation=job.metadata.generation, attempt=draft.status.current_attempt)
-    if job.spec.launcher == "mpi":
-        decide_mpi(draft, job, mpijob, list(pods), set(expected), suspended_by)
-    else:
-        decide_torchrun(draft, job, list(pods), expected, suspended_by)
+    PATHS[job.spec.launcher](draft, job, list(pods), tuple(expected), mpijob, suspended_by)
     draft.update(training_history=history.follow(job.status or JobStatus(), draft.status))
     return draft.decision()
 

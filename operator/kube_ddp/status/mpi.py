@@ -6,7 +6,7 @@ the whole group), the deadline and the TTL, with the torchrun rules (docs/mpi.md
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kube_ddp import names
@@ -52,10 +52,10 @@ class TheMPIJob:
 def decide_mpi(
     draft: Draft,
     job: DDPTrainingJob,
-    mpijob: MPIJobView | None,
     pods: list[PodView],
-    expected: set[str],
-    suspended_by: tuple[str, str] | None = None,
+    expected: Sequence[str],
+    mpijob: MPIJobView | None,
+    suspended_by: tuple[str, str] | None,
 ) -> None:
     status = draft.status
     attempt = status.current_attempt

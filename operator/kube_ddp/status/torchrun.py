@@ -3,7 +3,7 @@ restarts them as a group and cleans them up."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kube_ddp import names
@@ -40,7 +40,7 @@ from kube_ddp.status.lifecycle import (
     progress_stalled,
     suspend,
 )
-from kube_ddp.status.views import PodView
+from kube_ddp.status.views import MPIJobView, PodView
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,8 @@ def decide_torchrun(
     draft: Draft,
     job: DDPTrainingJob,
     observed: list[PodView],
-    expected: Iterable[str],
+    expected: Sequence[str],
+    mpijob: MPIJobView | None,  # torchrun's path has none
     suspended_by: tuple[str, str] | None,
 ) -> None:
     status = draft.status
