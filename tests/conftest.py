@@ -1,4 +1,5 @@
-"""Session-wide: the host tools the collected tiers need are installed before the first test,
+"""Session-wide: the tiers run in the order of what they need (unit, trainer, cluster, e2e),
+the host tools the collected tiers need are installed before the first test,
 and every host command the session ran is checked against hack/devcluster/packages.py at its
 end (tests/host_tools.py says why)."""
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.background_builds import in_tier_order
 from tests.cluster.support import REPO
 from tests.host_tools import TESTS, CommandLog, install_for, unlisted
 
@@ -21,6 +23,11 @@ COMMANDS.install()
 # so would every `kube-ddp run --local` it starts: the tests' Ctrl-C would reach none of them.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Unit, trainer, cluster, e2e: the tiers that need no build run first."""
+    items[:] = in_tier_order(items, lambda item: item.path)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
