@@ -77,6 +77,8 @@ def test_a_waiting_fixture_gets_the_builds_result_or_its_error_in_tier_order() -
 
 
 INNER_CONFTEST = """
+import os
+import threading
 import time
 
 import pytest
@@ -86,9 +88,14 @@ from tests.cluster.support import load_dev_cluster
 from tests.conftest import pytest_runtest_protocol, pytest_runtestloop
 
 
+SESSION_NICE = os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def fake_build():
     time.sleep(0.3)
     load_dev_cluster().paths.log("built fake v1 in 0 s")  # while test_first runs, captured
+    nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    load_dev_cluster().paths.log(f"nice {max(nice, 10) == nice}")
     time.sleep(1.5)
 
 
@@ -109,11 +116,15 @@ def broken():
 """
 
 INNER_TESTS = """
+import os
 import time
+
+import conftest
 
 
 def test_first():
     time.sleep(0.6)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == conftest.SESSION_NICE  # the tests' own
 
 
 def test_needs_what_is_built():
@@ -147,4 +158,5 @@ def test_a_session_waits_outside_the_timeout_and_shows_the_builds_lines(
     assert "waiting for the background builds: fake" in said
     # Written while test_first's output was captured: its captured output is not shown.
     assert "dev-cluster: built fake v1 in 0 s" in said
+    assert "dev-cluster: nice True" in said  # the build's thread yields the CPU, not the tests
     assert "Timeout" not in said
