@@ -7,9 +7,11 @@ import contextlib
 import fcntl
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 REPO = Path(__file__).resolve().parents[2]
 HACK = REPO / "hack"
@@ -57,5 +59,15 @@ def machine_lock(name: str, timeout: float | None = None, why: str = "") -> Iter
         os.close(fd)
 
 
+_THIS_THREAD = threading.local()
+
+
+def log_to(stream: TextIO) -> None:
+    """This thread's log lines to `stream` from now on, not sys.stderr: a test session's
+    background builds write past the output capture of the test that runs meanwhile."""
+    _THIS_THREAD.stream = stream
+
+
 def log(message: str) -> None:
-    print(f"dev-cluster: {message}", file=sys.stderr, flush=True)
+    stream = getattr(_THIS_THREAD, "stream", None) or sys.stderr
+    print(f"dev-cluster: {message}", file=stream, flush=True)

@@ -1,7 +1,8 @@
 """Fixtures of the cluster tier: a real control plane on 127.0.0.1 (hack/dev-cluster.py).
 
-`cluster` (session): starts the control plane, building it first when the binary cache is cold,
-or reuses a running one, and yields a `tests.cluster.support.Cluster`. `namespace` (function):
+`cluster` (session): starts the control plane once its build (planned here when collection
+ends, run in the background: tests/background_builds.py) has ended, or reuses a running one,
+and yields a `tests.cluster.support.Cluster`. `namespace` (function):
 a fresh namespace whose `default` ServiceAccount exists, deleted after the test.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from kube_ddp import names
+from tests.background_builds import BUILDS
 from tests.cluster.helm_support import Helm, helm_binary
 from tests.cluster.operator_support import (
     Jobs,
@@ -49,36 +51,45 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append(("namespace events and pods", story))
 
 
-BUILD_ERRORS: list[str] = []
-
-
 # Add-on builds (not part of the cluster) that a test module needs, built with the rest.
 ADDONS = {"test_kueue.py": "kueue", "test_operations_kit.py": "promtool"}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build a cold binary cache here, outside any test's timeout: it takes many minutes."""
-    if not any(item.path.is_relative_to(HERE) for item in session.items):
+    """Plan the cold cache's build (tests/background_builds.py): it takes many minutes, which
+    the unit and trainer tiers run beside, and no test's timeout counts."""
+    mine = [item for item in session.items if item.path.is_relative_to(HERE)]
+    if not mine:
         return
     dev_cluster = load_dev_cluster()
     if missing_tool_reason(dev_cluster) and not IN_CI:
         return
-    addons = {ADDONS[item.path.name] for item in session.items if item.path.name in ADDONS}
-    for addon in sorted(addons):
+    addons = sorted({ADDONS[item.path.name] for item in mine if item.path.name in ADDONS})
+    if not dev_cluster.binaries_ready():
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter:
+            reporter.write_line(
+                "cluster tests: building the control plane from Go modules into "
+                f"{dev_cluster.CACHE_DIR} in the background (cold cache: about 20 min on 2 "
+                "cores); the tests that need no cluster run meanwhile"
+            )
+    BUILDS.plan("cluster", "cluster", lambda: build(addons), needs_the_cluster)
+
+
+def build(addons: list[str]) -> None:
+    """The add-ons the collected modules need, then the cluster (a no-op when warm)."""
+    dev_cluster = load_dev_cluster()
+    for addon in addons:
         with contextlib.suppress(dev_cluster.BuildError):  # the module's own fixture says why
-            dev_cluster.built(addon)  # a no-op when warm
-    if dev_cluster.binaries_ready():
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter:
-        reporter.write_line(
-            "cluster tests: building the control plane from Go modules into "
-            f"{dev_cluster.CACHE_DIR} (cold cache: about 20 min on 2 cores)"
-        )
-    try:
-        dev_cluster.build_all()
-    except dev_cluster.BuildError as error:
-        BUILD_ERRORS.append(str(error))  # the `cluster` fixture fails every cluster test with it
+            dev_cluster.built(addon)
+    dev_cluster.build_all()
+
+
+def needs_the_cluster(item: pytest.Item) -> bool:
+    """The tier's tests, the e2e tier's (on the dev cluster) and any test of its fixtures."""
+    if item.path.is_relative_to(HERE) or item.get_closest_marker("e2e") is not None:
+        return True
+    return bool({"cluster", "offline_helm"} & set(getattr(item, "fixturenames", ())))
 
 
 def missing_tool_reason(dev_cluster: object) -> str | None:
@@ -95,8 +106,9 @@ def cluster() -> Iterator[Cluster]:
     reason = missing_tool_reason(dev_cluster)
     if reason and not IN_CI:
         pytest.skip(reason)  # in CI, the build below fails loudly instead
-    if BUILD_ERRORS:
-        pytest.fail(f"building the control plane failed: {BUILD_ERRORS[0]}", pytrace=False)
+    error = BUILDS.wait("cluster")
+    if error:
+        pytest.fail(f"building the control plane failed: {error}", pytrace=False)
     dev_cluster.STATE_DIR.mkdir(exist_ok=True)
     # Several test sessions may share one cluster: each holds this lock shared, and the last
     # one out stops a cluster that a test session started (`make cluster-up`'s stays up).

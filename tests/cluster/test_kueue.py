@@ -39,7 +39,7 @@ def kueue_running(cluster: Cluster, mpi_operator: None) -> Iterator[None]:
     if os.geteuid() != 0 and not IN_CI:  # in CI, running() fails loudly instead
         pytest.skip("Kueue out of cluster needs root (a private mount namespace for its certs)")
     try:
-        dev_cluster.built("kueue")  # built before the first test, unless that failed
+        dev_cluster.built("kueue")  # built in the background before the tier, unless that failed
     except dev_cluster.BuildError as error:
         if not IN_CI:
             pytest.skip(f"Kueue could not be built: {error}")

@@ -9,6 +9,7 @@ the platform so their pods land on the real node.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import uuid
@@ -19,6 +20,7 @@ from typing import Any
 import kubernetes
 import pytest
 
+from tests.background_builds import BUILDS
 from tests.cluster.conftest import IN_CI, cluster, crd, mpi_operator
 from tests.cluster.helm_support import CHART, Helm, helm_binary
 from tests.cluster.operator_support import Jobs
@@ -40,6 +42,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # Set: the tier runs on that cluster (tests/e2e/platform.py's ExternalPlatform), e.g. kind.
 EXTERNAL_KUBECONFIG = "KUBEDDP_E2E_KUBECONFIG"
+# Add-on builds a test module of the tier needs, built with its operator image.
+ADDONS = {"test_network_policy.py": "kube-router", "test_mpi.py": "kueue"}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Plan what the dev platform builds for the tier (tests/background_builds.py), after the
+    cluster tier's builds: the cluster (when that tier is not collected), the add-ons its
+    modules need and the operator's image. A build that fails there is built again by the
+    fixture that uses it, which fails with the error."""
+    mine = [item for item in session.items if item.path.is_relative_to(HERE)]
+    if not mine or os.environ.get(EXTERNAL_KUBECONFIG) or (os.geteuid() != 0 and not IN_CI):
+        return
+    addons = sorted({ADDONS[item.path.name] for item in mine if item.path.name in ADDONS})
+    BUILDS.plan("e2e", "e2e", lambda: build(addons), lambda item: item.path.is_relative_to(HERE))
+
+
+def build(addons: list[str]) -> None:
+    dev_cluster = load_dev_cluster()
+    with contextlib.suppress(dev_cluster.BuildError):
+        dev_cluster.build_all()  # a no-op when warm, or built by the cluster tier's plan
+    for addon in addons:
+        with contextlib.suppress(dev_cluster.BuildError):
+            dev_cluster.built(addon)
+    dev_cluster.images.operator_image_archive()  # cached by its sources' digest
 
 
 def external_cluster() -> Cluster | None:
