@@ -502,20 +502,8 @@ class Soak:
             fault.kind in ("delete", "evict") and generation.in_place and index != 0
         ):
             expect = PREEMPTION
-        generation.hits.append(
-            Hit(
-                at=self.now(),
-                kind=fault.kind,
-                target=target,
-                effective=effective,
-                steady=steady,
-                expect=expect,
-                phase=str(status.get("phase")),
-                attempt=int(status.get("attempt", 0)),
-                restarts=int(status.get("restarts", 0)),
-                preemptions=int(status.get("preemptions", 0)),
-            )
-        )
+        hit = self._hit(generation, fault.kind, target, effective, expect, (status, steady))
+        generation.hits.append(hit)
         self.applied[fault.kind if effective else "missed"] += 1
 
     def _worker_pod(self, generation: Generation, fault: Fault) -> Any | None:
@@ -614,15 +602,24 @@ class Soak:
             self.on_silent |= {p.metadata.uid for p in mine}
             generation.hits.append(self._hit(generation, "node", node, len(mine)))
 
-    def _hit(self, generation: Generation, kind: str, target: str, effective: int) -> Hit:
-        status = self._status(generation)
+    def _hit(
+        self,
+        generation: Generation,
+        kind: str,
+        target: str,
+        effective: int,
+        expect: str = RESTART,
+        before: tuple[dict[str, Any], bool] | None = None,
+    ) -> Hit:
+        """The fault as it reached the job, whose (status, steadiness) were `before` it."""
+        status, steady = before or (self._status(generation), self._steady(generation))
         return Hit(
             at=self.now(),
             kind=kind,
             target=target,
             effective=effective,
-            steady=self._steady(generation),
-            expect=RESTART,
+            steady=steady,
+            expect=expect,
             phase=str(status.get("phase")),
             attempt=int(status.get("attempt", 0)),
             restarts=int(status.get("restarts", 0)),
@@ -702,10 +699,10 @@ class Soak:
             if len(pods) > 1:
                 job = self.statuses.get(uid, {}).get("name", uid)
                 self._violate(job, f"two live pods for worker {index} of attempt {attempt}: {pods}")
-        for uid, pods in by_job.items():
+        for uid, owned in by_job.items():
             running = {
                 int(p.metadata.labels.get(names.LABEL_ATTEMPT, 0))
-                for p in pods
+                for p in owned
                 if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
             }
             if len(running) > 1:
