@@ -77,7 +77,7 @@ check: lint
 test: lint
 	$(PY) -m pytest
 
-# The soak's long form (tests/cluster/soak.py); its figures go to docs/benchmarks-soak.json.
+# The soak's long form (tests/cluster/soak.py); SOAK_RESULTS: where its figures go (JSON).
 soak: venv
 	SOAK_MINUTES=$${SOAK_MINUTES:-30} SOAK_JOBS=$${SOAK_JOBS:-60} \
 	SOAK_RESULTS=$${SOAK_RESULTS:-docs/benchmarks-soak.json} \
