@@ -52,6 +52,7 @@ NODE_QUIET_AROUND = 120.0
 NODE_SILENT_SECONDS = (60.0, 90.0)
 SUSPENDED_SECONDS = 5.0
 FINISH_AGAIN_AFTER = 20.0
+RSS_FROM = 60.0
 LEASE = (4.0, 3.0, 1.0)
 # What a call meets while the API server restarts.
 KUBELET_STOPPED = load_dev_cluster().controlplane.KUBELET_STOPPED
@@ -821,9 +822,14 @@ class Soak:
             lines.append(f"  outcome: {generation.outcome}")
         return "\n".join(lines)
 
+    def _warm_rss(self) -> list[int]:
+        """The largest replica's RSS, sampled from the first minute on (imports and first
+        lists done): the soak's start is the first of them."""
+        return [mib for at, mib in self.rss if mib and at >= RSS_FROM]
+
     def results(self) -> dict[str, Any]:
         """The run's figures, as docs/BENCHMARKS.md quotes them."""
-        rss = [mib for _, mib in self.rss if mib]
+        rss = self._warm_rss()
         return {
             "seed": self.settings.seed,
             "settings": dataclasses.asdict(self.settings),
@@ -842,7 +848,7 @@ class Soak:
     def summary(self) -> str:
         overlapping = sum(len(g.hits) - len(self._isolated(g)) for g in self.ended if g.hits)
         outcomes = Counter((g.outcome or {}).get("phase") for g in self.ended)
-        rss = [mib for _, mib in self.rss if mib]
+        rss = self._warm_rss()
         return "\n".join(
             [
                 f"soak seed {self.settings.seed}: {self.settings.minutes:g} min, "
