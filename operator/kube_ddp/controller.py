@@ -217,7 +217,8 @@ class Controller:
     # whatever events arrive (deleting the refused group's pods makes a burst of them).
     held_until: dict[Key, float] = field(default_factory=dict)
     # Workers deleted just after they exited with the preempted code (a drain's eviction: the
-    # kubelet removes the pod once its container ended) or after their node was taken for lost
+    # kubelet removes the pod once its container ended), removed while they still ran (a
+    # deletion its node agent confirmed at once), or after their node was taken for lost
     # (evicted from a node that stopped reporting, then removed by whatever answers for it),
     # kept for the next reconcile, which may run after both events: gone from the index, the
     # worker would read as vanished, and its failure say less than its last look did.
@@ -252,7 +253,8 @@ class Controller:
 
     def pod_deleted(self, key: Key, pod: PodView) -> None:
         preempted = pod.phase == "Failed" and pod.exit_code == names.EXIT_PREEMPTED
-        if preempted or node_lost(pod) is not None:
+        removed_running = pod.deleting and pod.phase == "Running"
+        if preempted or removed_running or node_lost(pod) is not None:
             self.last_words.setdefault(key, {})[pod.name] = pod
 
     def pod_changed(

@@ -319,6 +319,25 @@ def test_a_worker_deleted_right_after_it_saved_is_a_preemption_not_a_vanished_on
     assert status["replacing"] == [1]
 
 
+def test_a_worker_removed_while_it_ran_before_the_reconcile_is_a_preemption() -> None:
+    """An eviction whose pod went at once (a short grace period, a node agent that answers
+    at once; the soak's kwok): the reconcile runs after both events, the pod gone from the
+    index. Its last look, being deleted while it ran, is what a reconcile in between would
+    have seen: the worker is replaced alone, not counted (found by the soak, seed 12)."""
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        controller.queue.add = lambda key, after=0.0: None  # type: ignore[method-assign]
+        start(fake, controller, job_body(RUNNING), [pod(0)])
+        controller.pod_deleted(KEY, pod(1, deleting=True, reason="EvictionByEvictionAPI"))
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    [status] = written_statuses(fake)
+    assert (status["restarts"], status["preemptions"]) == (0, 1), status.get("failure")
+    assert status["lastPreemption"]["reason"] == "EvictionByEvictionAPI"
+    assert status["replacing"] == [1]
+
+
 def test_a_worker_of_a_lost_node_deleted_before_the_reconcile_names_the_node() -> None:
     """The taint manager evicts the pods of a node that stopped reporting, and the pod may be
     gone (something removed it: a node agent coming back, the pod garbage collector) before
