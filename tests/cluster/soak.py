@@ -863,8 +863,14 @@ class Soak:
         )
 
 
-def settings_from_env(default_minutes: float, default_jobs: int) -> Settings:
-    seed = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(10**6))
+def settings_from_env(
+    default_minutes: float, default_jobs: int, default_seed: int | None = None
+) -> Settings:
+    """SOAK_SEED, SOAK_MINUTES, SOAK_JOBS, SOAK_FAULTS_PER_MINUTE; without a seed, a new one
+    (or `default_seed`)."""
+    if default_seed is None:
+        default_seed = random.SystemRandom().randrange(10**6)
+    seed = int(os.environ.get("SOAK_SEED") or default_seed)
     minutes = float(os.environ.get("SOAK_MINUTES") or default_minutes)
     jobs = int(os.environ.get("SOAK_JOBS") or default_jobs)
     return Settings(
