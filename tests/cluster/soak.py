@@ -294,7 +294,7 @@ class Soak:
     def _leader(self) -> subprocess.Popen[bytes] | None:
         """The live replica that said it leads (the Lease's holder names a host, not a pid)."""
         for process, log_path in zip(self.operators, self.operator_logs, strict=True):
-            if process.poll() is None and "leader: watching" in log_path.read_text(
+            if process.poll() is None and "became the leader" in log_path.read_text(
                 errors="replace"
             ):
                 return process
@@ -389,6 +389,31 @@ class Soak:
             and p.status.phase in LIVE
         ]
 
+    def _group_runs(self, generation: Generation) -> bool:
+        """Whether the current group's workers all run: its rank 0 reports."""
+        current = self._current(generation)
+        return (
+            self._status(generation).get("phase") == "Running"
+            and len(current) == generation.spec["nodes"]
+            and all(p.status.phase == "Running" for p in current)
+        )
+
+    @staticmethod
+    def _this_pod(pod: Any) -> dict[str, Any]:
+        """Delete options that reach this pod only, not the next attempt's of the same name."""
+        return {"preconditions": {"uid": pod.metadata.uid}}
+
+    def _end(self, pod: Any, exit_code: int) -> bool:
+        """Make this pod (by its uid: the next attempt's pod may hold its name) exit."""
+        body = {
+            "metadata": {"uid": pod.metadata.uid, "annotations": {SIM_EXIT_CODE: str(exit_code)}}
+        }
+        try:
+            self.cluster.core.patch_namespaced_pod(pod.metadata.name, self.namespace, body)
+        except UNAVAILABLE:
+            return False
+        return True
+
     def _steady(self, generation: Generation) -> bool:
         status = self._status(generation)
         if status.get("phase") != "Running" or status.get("replacing"):
@@ -423,13 +448,13 @@ class Soak:
                     if creating:
                         self._create(slot)
                 continue
-            steady = self._steady(generation)
-            if not steady:
+            if self._group_runs(generation):
+                self._report(generation, status)  # whatever is left of earlier groups
+            if not self._steady(generation):
                 generation.running_since = None
                 continue
             if generation.running_since is None:
                 generation.running_since = self.now()
-            self._report(generation, status)
             due = self.now() - generation.running_since >= generation.work
             if generation.finishing:
                 due = self.now() - generation.finishing >= FINISH_AGAIN_AFTER
@@ -437,8 +462,7 @@ class Soak:
             if due and not generation.hung_at:
                 generation.finishing = self.now()
                 for pod in self._current(generation):
-                    with contextlib.suppress(*UNAVAILABLE):
-                        self.jobs.end_worker(pod.metadata.name, 0)
+                    self._end(pod, 0)
 
     def _report(self, generation: Generation, status: dict[str, Any]) -> None:
         key = group_of(status)
@@ -518,19 +542,16 @@ class Soak:
         pod = self._worker_pod(generation, fault)
         if pod is None or pod.status.phase != "Running":
             return 0, "no running worker"
-        body = {"metadata": {"annotations": {SIM_EXIT_CODE: "137"}}}
-        try:
-            self.cluster.core.patch_namespaced_pod(pod.metadata.name, self.namespace, body)
-        except UNAVAILABLE:
-            return 0, pod.metadata.name
-        return 1, pod.metadata.name
+        return int(self._end(pod, 137)), pod.metadata.name
 
     def _fault_delete(self, generation: Generation, fault: Fault) -> tuple[int, str]:
         pod = self._worker_pod(generation, fault)
         if pod is None:
             return 0, "no live worker"
         try:
-            self.cluster.core.delete_namespaced_pod(pod.metadata.name, self.namespace)
+            self.cluster.core.delete_namespaced_pod(
+                pod.metadata.name, self.namespace, body=self._this_pod(pod)
+            )
         except UNAVAILABLE:
             return 0, pod.metadata.name
         return 1, pod.metadata.name
@@ -544,6 +565,7 @@ class Soak:
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": name, "namespace": self.namespace},
+            "deleteOptions": self._this_pod(pod),
         }
         try:
             self.cluster.core.create_namespaced_pod_eviction(name, self.namespace, eviction)
