@@ -33,7 +33,7 @@ import urllib3
 
 from ddp_trainer.report import position_fields, training_patch
 from kube_ddp import names
-from tests.cluster.operator_support import KUBE_DDP, SIM_EXIT_CODE, Jobs, job_manifest
+from tests.cluster.operator_support import SIM_EXIT_CODE, Jobs, OperatorProcess, job_manifest
 from tests.cluster.support import Cluster, load_dev_cluster
 
 JOB_FAULTS = ("kill", "delete", "evict", "hang", "suspend")
@@ -270,24 +270,23 @@ class Soak:
 
     def _start_operator(self, n: int) -> None:
         duration, deadline, retry = LEASE
-        command = [
-            str(KUBE_DDP),
-            "operator",
-            f"--kubeconfig={self.cluster.kubeconfig}",
-            f"--namespace={self.namespace}",
-            "--health-port=0",
-            "--metrics-port=0",
-            "--trainer-image=registry.invalid/kube-ddp/trainer:test",
-            "--leader-election",
-            f"--leader-election-namespace={self.namespace}",
-            "--leader-election-id=soak",
-            f"--lease-duration={duration}",
-            f"--renew-deadline={deadline}",
-            f"--retry-period={retry}",
-        ]
         log_path = self.logs / f"operator-{n}.log"
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        replica = OperatorProcess(
+            self.cluster,
+            self.namespace,
+            log_path,
+            (
+                "--leader-election",
+                f"--leader-election-namespace={self.namespace}",
+                "--leader-election-id=soak",
+                f"--lease-duration={duration}",
+                f"--renew-deadline={deadline}",
+                f"--retry-period={retry}",
+            ),
+        )
+        replica.start()
+        assert replica.process is not None
+        process = replica.process
         self.operators.append(process)
         self.operator_logs.append(log_path)
 
