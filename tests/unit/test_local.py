@@ -348,9 +348,22 @@ def test_success_of_worker_0_completes_the_job_and_stops_the_rest(tmp_path: Path
     rows = [line.split() for line in done.stderr.splitlines() if line.startswith("bar-worker-")]
     assert [(r[0], r[3], r[4]) for r in rows] == [
         ("bar-worker-0", "0", "Completed"),
-        ("bar-worker-1", "143", "stopped"),  # cleanPodPolicy Running: SIGTERM
+        ("bar-worker-1", "143", "stopped"),  # cleanPodPolicy Running: SIGTERM after the grace
     ]
     assert not alive(int((tmp_path / "pid-1").read_text()))
+
+
+def test_a_peer_that_ends_just_after_worker_0_completes_too(tmp_path: Path) -> None:
+    """Ranks past the last step end a moment apart: the later one is not stopped."""
+    script = "import os, sys, time\ntime.sleep(1 if os.environ['NODE_RANK'] == '0' else 3)\n"
+    done = run_cli("run", "--local", str(write_job(tmp_path, python_workers(script))))
+    assert done.returncode == 0, done.stderr
+    assert "stopping" not in done.stderr
+    rows = [line.split() for line in done.stderr.splitlines() if line.startswith("bar-worker-")]
+    assert [(r[0], r[3], r[4]) for r in rows] == [
+        ("bar-worker-0", "0", "Completed"),
+        ("bar-worker-1", "0", "Completed"),
+    ]
 
 
 def test_a_finished_job_stops_its_workers_even_with_clean_pod_policy_none(

@@ -21,6 +21,7 @@ from kube_ddp.status import (
     decide,
     mount_look_due,
 )
+from kube_ddp.status.lifecycle import PEERS_END_GRACE
 from tests.unit.support import job_document, make_job
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -245,10 +246,16 @@ def test_expected_pods_count_as_pending_not_vanished() -> None:
 
 
 @pytest.mark.parametrize(
-    ("policy", "deleted"),
-    [("Running", (1,)), ("All", (0, 1)), ("None", None)],
+    ("policy", "deleted_at_once", "deleted_after_grace"),
+    [("Running", None, (1,)), ("All", (0,), (1,)), ("None", None, None)],
 )
-def test_worker0_success_finishes_the_job(policy: str, deleted: tuple[int, ...] | None) -> None:
+def test_worker0_success_finishes_the_job_its_peers_left_to_end_first(
+    policy: str,
+    deleted_at_once: tuple[int, ...] | None,
+    deleted_after_grace: tuple[int, ...] | None,
+) -> None:
+    """Worker 1 still runs as worker 0 succeeds: it is past the same last step, so
+    cleanPodPolicy removes it only if it still runs PEERS_END_GRACE later."""
     decision = decide(
         job(running(), runPolicy={"cleanPodPolicy": policy}),
         [pod(0, "Succeeded", exit_code=0), pod(1)],
@@ -258,8 +265,30 @@ def test_worker0_success_finishes_the_job(policy: str, deleted: tuple[int, ...] 
     assert decision.status.completion_time == NOW
     assert condition(decision, "Succeeded") == ("True", "WorkerSucceeded")
     assert condition(decision, "Running") is None or condition(decision, "Running")[0] == "False"
-    assert decision.actions == ((delete(*deleted),) if deleted else ())
+    assert decision.actions == ((delete(*deleted_at_once),) if deleted_at_once else ())
     assert [e.reason for e in decision.events] == ["WorkerSucceeded"]
+    grace = PEERS_END_GRACE.total_seconds()
+    assert decision.requeue_after == (grace if deleted_after_grace else None)
+
+    finished = job(decision.status.model_dump(by_alias=True), runPolicy={"cleanPodPolicy": policy})
+    ended_in_time = decide(
+        finished, [pod(0, "Succeeded", exit_code=0), pod(1, "Succeeded", exit_code=0)], NOW
+    )
+    assert ended_in_time.actions == ((delete(0, 1),) if policy == "All" else ())
+    assert ended_in_time.requeue_after is None
+    almost = decide(finished, [pod(0, "Succeeded", exit_code=0), pod(1)], NOW + PEERS_END_GRACE / 2)
+    assert almost.requeue_after == (grace / 2 if deleted_after_grace else None)
+    late = decide(finished, [pod(0, "Succeeded", exit_code=0), pod(1)], NOW + PEERS_END_GRACE)
+    assert late.actions == {"Running": (delete(1),), "All": (delete(0, 1),), "None": ()}[policy]
+    assert late.requeue_after is None
+
+
+def test_the_live_peers_of_a_group_that_failed_go_at_once() -> None:
+    decision = decide(
+        job(running(), runPolicy={"backoffLimit": 0}), [pod(0, "Failed", exit_code=1), pod(1)], NOW
+    )
+    assert decision.status.phase == "Failed"
+    assert decision.actions == (delete(1),)
 
 
 @dataclass(frozen=True)

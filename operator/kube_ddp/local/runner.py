@@ -40,7 +40,7 @@ from kube_ddp.local.plan import (
     worker_launches,
 )
 from kube_ddp.local.processes import LocalPod
-from kube_ddp.status import FINISHED, CreateWorkers, DeletePods, decide
+from kube_ddp.status import FINISHED, CreateWorkers, DeletePods, decide, peers_grace_left
 from kube_ddp.status.history import add_points
 
 EXIT_SUCCEEDED = 0
@@ -196,7 +196,7 @@ class _Runner:
                     if name in self.pods:
                         self.pods[name].stop()
             # DeleteJob (ttlSecondsAfterFinished): locally there is no job object to delete.
-        if self._finished:
+        if self._finished and peers_grace_left(self.status, datetime.now(UTC)) == 0:
             for pod in self.pods.values():
                 if pod.alive and pod.stop_requested_at is None:
                     # cleanPodPolicy None keeps them in a cluster; a local run ends with its job.

@@ -32,7 +32,7 @@ from kube_ddp.status.draft import (
     SuspendMPIJob,
 )
 from kube_ddp.status.failures import node_lost
-from kube_ddp.status.lifecycle import FINISHED, UNDER_WAY
+from kube_ddp.status.lifecycle import FINISHED, UNDER_WAY, peers_grace_left
 from kube_ddp.status.mpi import decide_mpi
 from kube_ddp.status.refusals import Refusal, classify, most_decisive, refuse
 from kube_ddp.status.torchrun import decide_torchrun
@@ -59,6 +59,7 @@ __all__ = [
     "most_decisive",
     "mount_look_due",
     "node_lost",
+    "peers_grace_left",
     "refuse",
     "reject",
 ]

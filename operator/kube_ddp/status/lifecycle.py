@@ -29,12 +29,23 @@ FINISHED: tuple[Phase, ...] = ("Succeeded", "Failed")
 UNDER_WAY: tuple[Phase | None, ...] = ("Pending", "Starting", "Running")
 # Phases in which the pods of the current attempt have not all been created yet.
 NOT_CREATED: tuple[Phase | None, ...] = (None, "Restarting", "Suspended")
+# Worker 0 of a group that succeeded may end a moment before its peers, which are past the
+# same last step: cleanPodPolicy removes a peer still running only once this has passed.
+PEERS_END_GRACE = timedelta(seconds=10)
 
 
 def not_created(status: JobStatus) -> bool:
     """The pods of the current attempt are still to be created: a phase of `NOT_CREATED`, or
     `Created=False` (a full quota refused the group: `refusals.refuse`)."""
     return status.phase in NOT_CREATED or condition_status(status, "Created") == "False"
+
+
+def peers_grace_left(status: JobStatus, now: datetime) -> float:
+    """Seconds the peers still running after their group succeeded have left to end by
+    themselves (`PEERS_END_GRACE`); 0 for a job that failed or is not finished."""
+    if status.phase != "Succeeded" or status.completion_time is None:
+        return 0.0
+    return max((status.completion_time + PEERS_END_GRACE - now).total_seconds(), 0.0)
 
 
 def preempting(status: JobStatus) -> bool:

@@ -35,6 +35,7 @@ from kube_ddp.status.lifecycle import (
     deadline_exceeded,
     finish,
     not_created,
+    peers_grace_left,
     preempting,
     progress,
     progress_stalled,
@@ -53,10 +54,18 @@ class Pods:
         draft.delete(self.pods)
 
     def clean_up(self, draft: Draft, policy: RunPolicy) -> None:
-        if policy.clean_pod_policy == "All":
-            draft.delete(self.pods)
-        elif policy.clean_pod_policy == "Running":
-            draft.delete([p for p in self.pods if p.active])
+        if policy.clean_pod_policy == "None":
+            return
+        doomed = list(self.pods) if policy.clean_pod_policy == "All" else self.active
+        left = peers_grace_left(draft.status, draft.now)
+        if left > 0 and self.active:
+            draft.requeue(left)
+            doomed = [p for p in doomed if not p.active]
+        draft.delete(doomed)
+
+    @property
+    def active(self) -> list[PodView]:
+        return [p for p in self.pods if p.active]
 
 
 def decide_torchrun(
