@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,6 +145,8 @@ def namespace_e2e(platform: Platform, request: pytest.FixtureRequest) -> Iterato
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:30].strip("-")
     with fresh_namespace(platform.cluster, f"e2e-{slug}-{uuid.uuid4().hex[:5]}") as name:
         yield name
+    if isinstance(platform, DevPlatform):
+        shutil.rmtree(platform.scratch_root / name, ignore_errors=True)  # checkpoints of its jobs
 
 
 @pytest.fixture

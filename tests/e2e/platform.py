@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ddp_trainer import contract
 from tests.cluster.support import REPO, Cluster, enforce
@@ -66,9 +66,12 @@ class Platform:
     def job_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
         return _merge(self.job_overrides, spec)
 
+    # Where scratch_volume's directories are on the node, one folder per namespace.
+    scratch_root: ClassVar[Path] = Path("/tmp/kube-ddp-e2e")
+
     def scratch_volume(self, name: str, namespace: str) -> dict[str, Any]:
         """A directory on the node that survives the job's pods (checkpoints)."""
-        path = f"/tmp/kube-ddp-e2e/{namespace}/{name}"
+        path = str(self.scratch_root / namespace / name)
         return {"name": name, "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
 
     def kill(self, pod: Any, sig: signal.Signals = signal.SIGKILL) -> None:
