@@ -21,7 +21,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SYNCED := $(VENV)/.synced
 
-.PHONY: help venv check test soak test-kind lint fmt crds manifests demo bench release-check cluster-build cluster-up cluster-down cluster-status clean
+.PHONY: help venv check test soak soak-node test-kind lint fmt crds manifests demo bench release-check cluster-build cluster-up cluster-down cluster-status clean
 
 help:
 	@echo "make demo            run the example job locally: 2 CPU workers (digits), no download"
@@ -30,6 +30,8 @@ help:
 	@echo "make test            lint + all test tiers (unit, trainer, cluster, e2e)"
 	@echo "make soak            faults at random on many kwok jobs for SOAK_MINUTES (30), SOAK_JOBS (60)"
 	@echo "                     at once; SOAK_SEED replays a run (its short form is in make test)"
+	@echo "make soak-node       faults at random on real trainer jobs on the real node for SOAK_MINUTES"
+	@echo "                     (15), SOAK_JOBS (3) at once; SOAK_SEED replays a run"
 	@echo "make test-kind       on kind (podman, a local node image): docs/install.md's kind lines,"
 	@echo "                     then the e2e tier (about 20 min and 20 GB of disk; not in make test)"
 	@echo "make lint            ruff, mypy (strict: both packages and hack/devcluster), the layers"
@@ -82,6 +84,12 @@ soak: venv
 	SOAK_MINUTES=$${SOAK_MINUTES:-30} SOAK_JOBS=$${SOAK_JOBS:-60} \
 	SOAK_RESULTS=$${SOAK_RESULTS:-docs/benchmarks-soak.json} \
 	$(PY) -m pytest -s -p no:cacheprovider --timeout=0 tests/cluster/test_soak.py
+
+# The soak on the real node (tests/e2e/soak_node.py): real trainer jobs with checkpoints.
+soak-node: venv
+	SOAK_NODE=1 SOAK_MINUTES=$${SOAK_MINUTES:-15} SOAK_JOBS=$${SOAK_JOBS:-3} \
+	SOAK_RESULTS=$${SOAK_RESULTS:-docs/benchmarks-soak-node.json} \
+	$(PY) -m pytest -s -p no:cacheprovider --timeout=0 tests/e2e/test_soak_node.py
 
 # On kind with Podman (tests/kind): docs/install.md's kind lines, then the e2e tier as the
 # GitHub workflow runs it. About 20 minutes and 20 GB of disk: not part of `make test`.

@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 
 from tests.cluster.soak import CLUSTER_FAULTS, JOB_FAULTS, Settings, plan
+from tests.e2e.soak_node import KINDS as NODE_KINDS
+from tests.e2e.soak_node import node_plan
 
 SHORT = Settings(seed=7, minutes=3, jobs=10, nodes=3, faults_per_minute=10)
 
@@ -28,3 +30,17 @@ def test_the_short_form_meets_every_kind_and_some_overlaps() -> None:
         if a.job == b.job and abs(b.at - a.at) <= 4
     ]
     assert close, "no two faults on one job at once"
+
+
+def test_the_real_node_soak_replays_its_seed_and_meets_every_kind_in_15_minutes() -> None:
+    assert node_plan(5, 15, 3) == node_plan(5, 15, 3) != node_plan(6, 15, 3)
+    for seed in range(100):
+        faults = node_plan(seed, 15, 3)
+        assert {fault.kind for fault in faults} == set(NODE_KINDS)
+        assert all(60 < fault.at < 15 * 60 and 0 <= fault.slot < 3 for fault in faults)
+    seconds = [
+        (a, b)
+        for a, b in itertools.pairwise(node_plan(5, 15, 3))
+        if a.slot == b.slot and b.at - a.at <= 4
+    ]
+    assert seconds, "no second fault on one job"
