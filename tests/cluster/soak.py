@@ -764,23 +764,7 @@ class Soak:
         """Every child goes with its job (the ended jobs were deleted as they ended)."""
         for generation in self.generations.values():
             self._delete(generation)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            left = self.cluster.core.list_namespaced_pod(self.namespace).items
-            if not left:
-                break
-            time.sleep(1)
-        else:
-            for pod in left:
-                self._violate(pod.metadata.name, "pod left after its job was deleted")
-        owned = self.cluster.kubectl(
-            "get",
-            "services,networkpolicies,serviceaccounts,roles,rolebindings",
-            f"--namespace={self.namespace}",
-            "-o",
-            "jsonpath={range .items[?(@.metadata.ownerReferences)]}{.kind}/{.metadata.name} {end}",
-        ).stdout.split()
-        for child in owned:
+        for child in children_left(self.cluster, self.namespace):
             self._violate(child, "left after its job was deleted")
         for generation in self.ended:
             self._check_counts(generation)
@@ -882,6 +866,24 @@ class Soak:
                 f"invariant violations: {len(self.violations)}",
             ]
         )
+
+
+def children_left(cluster: Cluster, namespace: str, wait_s: float = 120) -> list[str]:
+    """What is left in `namespace` once its jobs were deleted: its pods after `wait_s`, and each
+    child a job owns (Services, NetworkPolicies, the reporter's RBAC)."""
+    deadline = time.monotonic() + wait_s
+    while (pods := cluster.core.list_namespaced_pod(namespace).items) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(1)
+    owned = cluster.kubectl(
+        "get",
+        "services,networkpolicies,serviceaccounts,roles,rolebindings",
+        f"--namespace={namespace}",
+        "-o",
+        "jsonpath={range .items[?(@.metadata.ownerReferences)]}{.kind}/{.metadata.name} {end}",
+    ).stdout.split()
+    return [f"Pod/{pod.metadata.name}" for pod in pods] + owned
 
 
 def settings_from_env(

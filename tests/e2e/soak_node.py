@@ -20,6 +20,7 @@ import random
 import signal
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kube_ddp import names
 from tests.cluster.operator_support import Jobs
+from tests.cluster.soak import children_left
 from tests.e2e.platform import Platform, container_pid
 from tests.e2e.test_jobs import DIGITS, cpu_job
 
@@ -248,44 +250,40 @@ class NodeSoak:
         return random.Random(f"{self.seed}{self.now():.0f}").choice(pods) if pods else None
 
     def _fault_rank(self, run: Run) -> bool:
-        pod = self._worker(run)
-        if pod is None:
-            return False
-        self.platform.kill_rank(pod)
-        return True
+        return self._on_worker(run, self.platform.kill_rank)
 
     def _fault_worker(self, run: Run) -> bool:
-        pod = self._worker(run)
-        if pod is None:
-            return False
-        self.platform.kill(pod)
-        return True
+        return self._on_worker(run, self.platform.kill)
 
     def _fault_hang(self, run: Run) -> bool:
-        pod = self._worker(run)
-        if pod is None:
-            return False
-        self.platform.kill_rank(pod, signal.SIGSTOP)
-        return True
+        return self._on_worker(run, lambda pod: self.platform.kill_rank(pod, signal.SIGSTOP))
 
     def _fault_delete(self, run: Run) -> bool:
-        pod = self._worker(run)
-        if pod is None:
-            return False
-        self.cluster.core.delete_namespaced_pod(pod.metadata.name, self.jobs.namespace)
-        return True
+        namespace = self.jobs.namespace
+        return self._on_worker(
+            run, lambda pod: self.cluster.core.delete_namespaced_pod(pod.metadata.name, namespace)
+        )
 
     def _fault_evict(self, run: Run) -> bool:
+        namespace = self.jobs.namespace
+
+        def evict(pod: Any) -> None:
+            name = pod.metadata.name
+            eviction = {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace},
+            }
+            self.cluster.core.create_namespaced_pod_eviction(name, namespace, eviction)
+
+        return self._on_worker(run, evict)
+
+    def _on_worker(self, run: Run, act: Callable[[Any], object]) -> bool:
+        """`act` on one of the job's running workers, chosen at random; False: none runs."""
         pod = self._worker(run)
         if pod is None:
             return False
-        name = pod.metadata.name
-        eviction = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": self.jobs.namespace},
-        }
-        self.cluster.core.create_namespaced_pod_eviction(name, self.jobs.namespace, eviction)
+        act(pod)
         return True
 
     def _fault_suspend(self, run: Run) -> bool:
@@ -380,23 +378,7 @@ class NodeSoak:
     def _delete_all(self) -> None:
         for run in self.slots.values():
             self.jobs.delete(run.name)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            left = self.cluster.core.list_namespaced_pod(self.jobs.namespace).items
-            if not left:
-                break
-            time.sleep(1)
-        else:
-            for pod in left:
-                self._violate(pod.metadata.name, "pod left after its job was deleted")
-        owned = self.cluster.kubectl(
-            "get",
-            "services,networkpolicies,serviceaccounts,roles,rolebindings",
-            f"--namespace={self.jobs.namespace}",
-            "-o",
-            "jsonpath={range .items[?(@.metadata.ownerReferences)]}{.kind}/{.metadata.name} {end}",
-        ).stdout.split()
-        for child in owned:
+        for child in children_left(self.cluster, self.jobs.namespace):
             self._violate(child, "left after its job was deleted")
 
     # --- what it found ----------------------------------------------------------------------
