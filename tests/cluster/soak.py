@@ -49,6 +49,8 @@ REPORT_EVERY = 8.0
 TERMINATING_AT_MOST = 90.0  # a worker's grace period (30 s) and the operator's force delete
 QUIET_AROUND = 30.0  # a fault is isolated when no other reached its job this close
 NODE_QUIET_AROUND = 120.0
+# A hang restarts its group at the progress deadline: a fault before then meets it still hung.
+HANG_QUIET_AROUND = PROGRESS_DEADLINE + QUIET_AROUND
 NODE_SILENT_SECONDS = (60.0, 90.0)
 SUSPENDED_SECONDS = 5.0
 FINISH_AGAIN_AFTER = 20.0
@@ -807,7 +809,9 @@ class Soak:
         ended = (generation.outcome or {}).get("at", float("inf"))
         result = []
         for hit in effective:
-            around = NODE_QUIET_AROUND if hit.kind == "node" else QUIET_AROUND
+            around = {"node": NODE_QUIET_AROUND, "hang": HANG_QUIET_AROUND}.get(
+                hit.kind, QUIET_AROUND
+            )
             alone = all(
                 other is hit or abs(other.at - hit.at) > max(around, QUIET_AROUND)
                 for other in effective
@@ -819,7 +823,14 @@ class Soak:
     # -- the report ---------------------------------------------------------------------------
 
     def history(self, job: str) -> str:
-        generations = [g for g in [*self.ended, *self.generations.values()] if g.name in job]
+        """The faults and outcome of `job` as a violation names it: "name (uid)" is that one
+        job object, a bare name each generation of it."""
+        name, _, uid = job.partition(" (")
+        generations = [
+            g
+            for g in [*self.ended, *self.generations.values()]
+            if g.name == name and g.uid.startswith(uid.rstrip(")"))
+        ]
         lines = []
         for generation in generations:
             lines.append(f"{generation.name} uid {generation.uid[:8]} spec {generation.spec}")
@@ -847,7 +858,9 @@ class Soak:
             "ends_sent_again": self.finished_again,
             "operators_exited_on_lost_leadership": self.lost_leadership,
             "operator_rss_mib": {"start": rss[0], "end": rss[-1], "max": max(rss)} if rss else {},
-            "violations": [dataclasses.asdict(v) for v in self.violations],
+            "violations": [
+                {**dataclasses.asdict(v), "history": self.history(v.job)} for v in self.violations
+            ],
         }
 
     def summary(self) -> str:
