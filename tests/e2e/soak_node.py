@@ -113,6 +113,7 @@ class NodeSoak:
         self.violations: list[Violation] = []
         self.rss: list[tuple[float, int]] = []
         self.terminating_since: dict[str, float] = {}
+        self.resumes_seen = 0  # resumedFromStep seen to change to a step past 0: each checked
         self.started = time.monotonic()
 
     def now(self) -> float:
@@ -179,6 +180,7 @@ class NodeSoak:
     def _check_resume(self, run: Run, training: dict[str, Any]) -> None:
         resumed = training.get("resumedFromStep")
         if resumed is not None and resumed != run.resumed_from:
+            self.resumes_seen += resumed > 0
             if resumed < run.newest_checkpoint:
                 self._violate(
                     run.name,
@@ -399,8 +401,11 @@ class NodeSoak:
             ),
             "restarts": sum(int((r.outcome or {}).get("restarts", 0)) for r in self.ended),
             "preemptions": sum(int((r.outcome or {}).get("preemptions", 0)) for r in self.ended),
+            "resumes_checked": self.resumes_seen,
             "operator_rss_mib": {"start": rss[0], "end": rss[-1], "max": max(rss)} if rss else {},
-            "violations": [dataclasses.asdict(v) for v in self.violations],
+            "violations": [
+                {**dataclasses.asdict(v), "history": self.history(v.job)} for v in self.violations
+            ],
         }
 
     def history(self, job: str) -> str:
