@@ -29,19 +29,15 @@ from kubernetes.client.exceptions import ApiException
 
 from kube_ddp import names
 from tests.cluster.operator_support import Jobs
-from tests.cluster.soak import children_left
+from tests.cluster.soak import LIVE, TERMINATING_AT_MOST, children_left
 from tests.e2e.platform import Platform, container_pid
 from tests.e2e.test_jobs import DIGITS, cpu_job
 
 JOB_KINDS = ("rank", "worker", "hang", "delete", "evict", "suspend")
 KINDS = (*JOB_KINDS, "operator")
-# Faults that count as a restart or a preemption when they hit a live group (design.md's table).
-COUNTED = JOB_KINDS
 SECOND_FAULT = ("rank", "worker", "delete", "evict")
 EPOCHS = 15
 SUSPENDED_SECONDS = 15
-TERMINATING_AT_MOST = 90
-LIVE = ("Pending", "Running")
 
 
 @dataclass(frozen=True)
