@@ -164,7 +164,14 @@ def successor(index: int, name: str) -> CreateWorkers:
 SECOND_NAME = successor(1, "bar-worker-1-r1")
 EVICTED = {"reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting"}
 LOSSES = [
-    LossCase("worker 1 vanished: created again now", (up(0),), (successor(1, "bar-worker-1"),)),
+    LossCase(
+        "worker 1 gone before any look saw it end: taken while it ran, a preemption",
+        (up(0),),
+        (successor(1, "bar-worker-1"),),
+        restarts=2,
+        preemptions=1,
+        reason=Reason.PREEMPTED,
+    ),
     LossCase(
         "worker 1 evicted: its pod deleted first",
         (up(0), pod(1, "Failed", attempt=2, exit_code=137, **EVICTED)),
@@ -225,6 +232,26 @@ def test_a_lost_worker_other_than_worker_0_is_replaced_alone(case: LossCase) -> 
     assert decision.status.replacing == [1]
     assert case.reason in [e.reason for e in decision.events]
     assert decision.status.phase not in ("Restarting", "Failed")
+
+
+def test_workers_deleted_while_no_operator_watched_count_as_a_look_would() -> None:
+    """The soak's finding: workers 1 and 2 of an in-place job deleted while the leader was being
+    replaced, seen by the next one only as gone. Counted as preemptions, as the deletions a
+    look saw are (the job had failed at backoffLimit 1 with 0 restarts, and a lone one had
+    counted as a restart); where the job fails instead, the count still leaves them alone."""
+    stopped = attempt2(restarts=0)
+    going = [up(0), up(1, deleting=True), up(2, deleting=True)]
+    seen = decide(job(stopped, nodes=3), going, NOW)
+    unseen = decide(job(stopped, nodes=3, runPolicy={"backoffLimit": 1}), [up(0)], NOW)
+    for decision in (seen, unseen):
+        assert (decision.status.restarts, decision.status.preemptions) == (0, 2)
+        assert decision.status.replacing == [1, 2]
+        assert decision.status.phase not in ("Restarting", "Failed")
+    assert "bar-worker-1 was deleted, its end unseen (Deleted: the pod was deleted)" in (
+        unseen.events[0].message
+    )
+    never = decide(job(stopped, nodes=3, runPolicy={"restartPolicy": "Never"}), [up(0)], NOW)
+    assert (never.status.phase, never.status.preemptions) == ("Failed", 0)
 
 
 def test_a_replacement_goes_on_without_counting_again() -> None:
@@ -348,7 +375,7 @@ GROUP = [
     ),
     GroupCase(
         "no restarts left: replacing one would pass backoffLimit",
-        (up(0),),
+        (up(0), pod(1, "Failed", attempt=2, exit_code=137, reason="OOMKilled")),
         status=attempt2(restarts=3),
         phase="Failed",
         reason=Reason.BACKOFF_LIMIT_EXCEEDED,

@@ -57,8 +57,8 @@ class WorkerFailure:
     launcher: bool = False  # launcher mpi: mpirun's pod, not a worker
     hung: bool = False  # runs, but made no progress for progressDeadlineSeconds
     vanished: bool = False  # gone before it was seen failing: nothing known but its absence
-    # being deleted while it still runs, replaced before it ends (restarts in place): a
-    # preemption, however it ends
+    # being deleted while it still runs, replaced before it ends (restarts in place), or
+    # vanished there before any look saw it end: a preemption, however it ends
     taken_running: bool = False
     node: str | None = None  # where known: said in status.failure
     rank: int | None = None  # the global rank, where the trainer named it
@@ -108,7 +108,9 @@ class WorkerFailure:
         if self.hung:
             return f"{self.pod} made no progress ({self.message})"
         what = f"exited with code {self.exit_code}" if self.exit_code is not None else "was lost"
-        if self.taken_running:
+        if self.taken_running and self.vanished:
+            what = "was deleted, its end unseen"
+        elif self.taken_running:
             what = "is being deleted while it runs"
         elif self.preempted:
             what += " (it saved a checkpoint on SIGTERM and stopped)"

@@ -98,13 +98,22 @@ def replaceable(
     )
 
 
+def taken_away_counts_as_preemption(job: DDPTrainingJob, workers: Mapping[int, PodView]) -> bool:
+    """Whether a worker other than worker 0 taken away before it ended is replaced alone as a
+    preemption: the job restarts in place, its worker 0 runs, and restartPolicy is not Never
+    (where how the worker ends decides between replacing it and failing the job). Also a
+    worker gone before any look saw it end (removed while no operator watched: a takeover, an
+    API server outage): only a deletion removes a pod, most likely of one still running, and
+    a count that hung on whether an operator was watching would not be a count."""
+    return job.spec.run_policy.restart_policy != "Never" and replaceable(job, [], workers)
+
+
 def taken_running(job: DDPTrainingJob, workers: Mapping[int, PodView]) -> list[WorkerFailure]:
     """Workers other than worker 0 whose pods are being deleted while they still run (a
     person, a drain, the scheduler's preemption), in a job that restarts in place whose
     worker 0 runs: replaced at once, while the ranks still save, and so preemptions however
-    they end (`WorkerFailure.taken_running`). Not under restartPolicy Never, where how a lost
-    worker ends (saved or not) decides between replacing it and failing the job."""
-    if job.spec.run_policy.restart_policy == "Never" or not replaceable(job, [], workers):
+    they end (`WorkerFailure.taken_running`), where `taken_away_counts_as_preemption`."""
+    if not taken_away_counts_as_preemption(job, workers):
         return []
     return [
         WorkerFailure(

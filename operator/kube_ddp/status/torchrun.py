@@ -25,6 +25,7 @@ from kube_ddp.status.inplace import (
     replace,
     replaceable,
     restarting_in_place,
+    taken_away_counts_as_preemption,
     taken_running,
 )
 from kube_ddp.status.lifecycle import (
@@ -141,7 +142,8 @@ def _under_way(
         return
     go_on_replacing(draft, job, current, taken_names)
     replacing = set(draft.status.replacing)
-    failures = [*_failures(job, current), *taken_running(job, current)]
+    unseen_taken = taken_away_counts_as_preemption(job, current)
+    failures = [*_failures(job, current, unseen_taken), *taken_running(job, current)]
     if failures := [f for f in failures if f.index not in replacing]:
         if (wait := awaiting_the_cause(failures, current.values(), draft.now)) is not None:
             draft.requeue(wait)
@@ -222,8 +224,12 @@ def _create(draft: Draft, job: DDPTrainingJob, attempt: int, indices: list[int])
     draft.phase("Pending", Reason.RESUMED if resumed else Reason.WORKERS_CREATED, message)
 
 
-def _failures(job: DDPTrainingJob, current: Mapping[int, PodView]) -> list[WorkerFailure]:
-    """Failed, lost or vanished workers of this attempt, the first one first."""
+def _failures(
+    job: DDPTrainingJob, current: Mapping[int, PodView], unseen_taken: bool = False
+) -> list[WorkerFailure]:
+    """Failed, lost or vanished workers of this attempt, the first one first; `unseen_taken`:
+    a vanished worker other than worker 0 was taken while it ran (`inplace.
+    taken_away_counts_as_preemption`)."""
     failures = []
     for index in range(job.spec.nodes):
         pod = current.get(index)
@@ -234,6 +240,7 @@ def _failures(job: DDPTrainingJob, current: Mapping[int, PodView]) -> list[Worke
                 reason=PodReason.DELETED,
                 message="the pod was deleted",
                 vanished=True,
+                taken_running=unseen_taken and index > 0,
             )
             failures.append(vanished)
         elif failure := pod_failure(pod):
