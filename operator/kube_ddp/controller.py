@@ -535,9 +535,10 @@ class Controller:
     ) -> None:
         """Write the status if it changed, post the decision's events, schedule timed rules."""
         namespace, name = key
-        written = _owned_status(decision.status)
-        if written != _owned_status(before):
-            updated = await self.kube.patch_job_status(namespace, name, written)
+        written, known = _owned_status(decision.status), _owned_status(before)
+        if written != known:
+            patch = _merge_patch(known, written)
+            updated = await self.kube.patch_job_status(namespace, name, patch)
             if updated is not None:
                 self.jobs.offer(key, updated)
                 metrics.observe_transition(body, before, decision.status)
@@ -580,3 +581,16 @@ def _owned_status(status: JobStatus) -> dict[str, Any]:
     return status.model_dump(
         mode="json", by_alias=True, exclude_none=True, exclude={"training", "rank_restart"}
     )
+
+
+def _merge_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch (RFC 7386) that turns `before` into `after`: a field `after` lacks is
+    null, removed (else a new status.failure would keep the last one's node or exit code)."""
+    patch: dict[str, Any] = dict.fromkeys(before.keys() - after.keys())
+    for key, value in after.items():
+        old = before.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            patch[key] = _merge_patch(old, value)
+        else:
+            patch[key] = value
+    return patch

@@ -188,6 +188,30 @@ def test_the_trainers_progress_is_never_written_back() -> None:
     assert fake.jobs[STATUS.removesuffix("/status")]["status"]["training"] == training
 
 
+def test_a_new_failure_replaces_the_last_one_whole() -> None:
+    """status.failure says one failure: a field the new one lacks (the node of a vanished pod,
+    the exit code of a lost one) is removed, not left from the last (a merge patch keeps what
+    it does not name)."""
+    last = {"pod": "bar-worker-1", "node": "n1", "exitCode": 137, "reason": "Error"}
+    status = {"phase": "Running", "startTime": "2026-11-22T12:00:00Z", "failure": last}
+    status |= {"attempt": 1, "restarts": 1, "lastPreemption": {"reason": "Deleted"}}
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body(status, runPolicy={"restartStrategy": "Recreate"}))
+        controller.pods = {KEY: [pod(1, attempt=1)]}  # worker 0 gone unseen
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    stored = fake.jobs[STATUS.removesuffix("/status")]["status"]
+    assert stored["restarts"] == 2
+    assert stored["failure"] == {
+        "pod": "bar-worker-0",
+        "reason": "Deleted",
+        "message": "the pod was deleted",
+    }
+    assert stored["lastPreemption"] == {"reason": "Deleted"}  # what the decision kept, kept
+
+
 @pytest.mark.parametrize(
     ("strategy", "said"),
     [("Recreate", Reason.WORKER_FAILED), ("InPlace", Reason.WORKER_REPLACED)],
