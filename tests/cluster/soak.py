@@ -23,7 +23,7 @@ import signal
 import subprocess
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -362,7 +362,10 @@ class Soak:
 
     def _count_silent_node_pods(self) -> None:
         """A pod scheduled on a silent node before it was marked unreachable is lost with it: a
-        node fault for its job, as for the pods that ran there when it went silent."""
+        node fault for its job, as for the pods that ran there when it went silent. Its kubelet
+        stopped too (kwok would run it until evicted, then delete it by name)."""
+        with contextlib.suppress(*UNAVAILABLE):
+            self._stop_kubelet_of(p for p in self.pods if p.spec.node_name in self.silent)
         for generation in self.generations.values():
             for pod in self._current(generation):
                 if pod.spec.node_name in self.silent and pod.metadata.uid not in self.on_silent:
@@ -597,14 +600,11 @@ class Soak:
         node = self.node_names[fault.node]
         if node in self.silent:
             return
-        on_node = [p for p in self.pods if p.spec.node_name == node]
-        stopped = {"metadata": {"annotations": KUBELET_STOPPED}}
-        for pod in on_node:
-            with contextlib.suppress(*UNAVAILABLE):
-                self.cluster.core.patch_namespaced_pod(pod.metadata.name, self.namespace, stopped)
         silence = {"metadata": {"annotations": {"kwok.x-k8s.io/node": None}}}
         try:
+            self._stop_kubelet_of(self._bound_to(node))
             self.cluster.core.patch_node(node, silence)
+            self._stop_kubelet_of(self._bound_to(node))  # those bound in between
         except UNAVAILABLE:
             self.applied["missed"] += 1
             return
@@ -625,6 +625,24 @@ class Soak:
             mine = [p for p in self._current(generation) if p.spec.node_name == node]
             self.on_silent |= {p.metadata.uid for p in mine}
             generation.hits.append(self._hit(generation, "node", node, len(mine)))
+
+    def _bound_to(self, node: str) -> list[Any]:
+        """The pods bound to `node` now (not at the last tick: one bound since would be left
+        to kwok)."""
+        selector = f"spec.nodeName={node}"
+        return self.cluster.core.list_namespaced_pod(self.namespace, field_selector=selector).items
+
+    def _stop_kubelet_of(self, pods: Iterable[Any]) -> None:
+        """Mark `pods` as on a kubelet that stopped (`KUBELET_STOPPED`): kwok would delete each
+        once evicted, by name, and could reach its successor of that name (a new attempt's pod
+        gone at once, as no silent node does)."""
+        for pod in pods:
+            annotations = pod.metadata.annotations or {}
+            if all(annotations.get(k) == v for k, v in KUBELET_STOPPED.items()):
+                continue
+            body = {"metadata": {"uid": pod.metadata.uid, "annotations": KUBELET_STOPPED}}
+            with contextlib.suppress(kubernetes.client.ApiException):  # gone, or a successor
+                self.cluster.core.patch_namespaced_pod(pod.metadata.name, self.namespace, body)
 
     def _hit(
         self,
@@ -651,15 +669,26 @@ class Soak:
         )
 
     def _node_back(self, node: str) -> None:
-        """Its kubelet back: it finishes what it was told while away (deleted pods go)."""
-        running = {"metadata": {"annotations": dict.fromkeys(KUBELET_STOPPED)}}
-        for pod in self.pods:
-            if pod.spec.node_name == node:
-                with contextlib.suppress(*UNAVAILABLE):
+        """Its kubelet back: it finishes what it was told while away. As a kubelet does, it
+        confirms the deletion of a pod by its uid: kwok would delete it by name, a second or
+        more later, and could reach the next attempt's pod of that name (gone at once, a
+        fault no node makes)."""
+        try:
+            bound = self._bound_to(node)
+        except UNAVAILABLE:
+            return  # the next tick brings it back
+        for pod in bound:
+            name, uid = pod.metadata.name, pod.metadata.uid
+            with contextlib.suppress(*UNAVAILABLE):
+                if pod.metadata.deletion_timestamp is not None:
+                    confirmed = {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
+                    self.cluster.core.delete_namespaced_pod(name, self.namespace, body=confirmed)
+                else:
+                    running = {"uid": uid, "annotations": dict.fromkeys(KUBELET_STOPPED)}
                     self.cluster.core.patch_namespaced_pod(
-                        pod.metadata.name, self.namespace, running
+                        name, self.namespace, {"metadata": running}
                     )
-                self.terminating_since.pop(pod.metadata.uid, None)
+            self.terminating_since.pop(uid, None)
         coordination = kubernetes.client.CoordinationV1Api(self.cluster.api)
         with contextlib.suppress(*UNAVAILABLE):
             coordination.delete_namespaced_lease(node, "kube-node-lease")
