@@ -235,10 +235,9 @@ def test_a_lost_worker_other_than_worker_0_is_replaced_alone(case: LossCase) -> 
 
 
 def test_workers_deleted_while_no_operator_watched_count_as_a_look_would() -> None:
-    """The soak's finding: workers 1 and 2 of an in-place job deleted while the leader was being
-    replaced, seen by the next one only as gone. Counted as preemptions, as the deletions a
-    look saw are (the job had failed at backoffLimit 1 with 0 restarts, and a lone one had
-    counted as a restart); where the job fails instead, the count still leaves them alone."""
+    """Workers 1 and 2 of an in-place job deleted while the leader was being replaced, seen by
+    the next one only as gone: preemptions, as deletions seen going are, so backoffLimit 1 is
+    not reached. Under restartPolicy Never the job fails, and preemptions stay 0."""
     stopped = attempt2(restarts=0)
     going = [up(0), up(1, deleting=True), up(2, deleting=True)]
     seen = decide(job(stopped, nodes=3), going, NOW)
