@@ -164,6 +164,16 @@ class Jobs:
         ).items
         return [e.reason for e in sorted(items, key=lambda e: e.metadata.creation_timestamp)]
 
+    def wait_events(self, name: str, *reasons: str, timeout: float = 10) -> list[str]:
+        """The job's Event reasons once every one of `reasons` is among them: the operator
+        posts a decision's Events after the status write it decided, so a test that has just
+        seen the status waits for them."""
+        return wait_for(
+            lambda: set(reasons) <= set(said := self.events(name)) and said,
+            f"the Events {', '.join(reasons)} on {name}",
+            timeout=timeout,
+        )
+
 
 def env_of(pod: Any) -> dict[str, str]:
     return {e.name: e.value for e in pod.spec.containers[0].env}

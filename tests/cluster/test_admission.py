@@ -36,7 +36,7 @@ def test_a_job_the_namespaces_pod_security_level_refuses_fails_saying_why(
     assert 'violates PodSecurity "restricted:latest"' in message and "hostIPC" in message
     assert "spec.template" in message  # what to change
     assert "\n" not in message
-    assert "PodSecurityViolation" in jobs.events("hpu")
+    jobs.wait_events("hpu", "PodSecurityViolation")
     wait_for(lambda: not jobs.pods("hpu"), "no pod of the refused job left")
 
 

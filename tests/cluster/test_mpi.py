@@ -102,7 +102,7 @@ def test_mpirun_failing_fails_the_job_with_its_exit_code(
     assert status["failure"]["exitCode"] == 3
     assert condition(status, "Failed")["reason"] == "NonRetryableExitCode"
     assert status["restarts"] == 0
-    assert "NonRetryableExitCode" in jobs.events("bad")
+    jobs.wait_events("bad", "NonRetryableExitCode")
 
 
 def test_a_lost_worker_restarts_the_whole_mpijob(jobs: Jobs, operator: OperatorProcess) -> None:

@@ -65,7 +65,7 @@ def test_gpu_job_runs_and_succeeds(cluster: Cluster, jobs: Jobs, operator: Opera
         lambda: [p.metadata.name for p in jobs.pods("bar")] == ["bar-worker-0"],
         "the still-running worker 1 to be removed (cleanPodPolicy Running)",
     )
-    assert {"WorkersCreated", "WorkersRunning", "WorkerSucceeded"} <= set(jobs.events("bar"))
+    jobs.wait_events("bar", "WorkersCreated", "WorkersRunning", "WorkerSucceeded")
 
 
 def test_gaudi_job(jobs: Jobs, operator: OperatorProcess) -> None:
@@ -101,7 +101,7 @@ def test_retryable_exit_restarts_the_group(jobs: Jobs, operator: OperatorProcess
     )
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Restarting"]["status"] == "False"
-    assert "WorkerFailed" in jobs.events("bar")
+    jobs.wait_events("bar", "WorkerFailed")
 
 
 def test_a_lost_worker_of_a_job_that_restarts_in_place_is_replaced_alone(
@@ -148,7 +148,7 @@ def test_a_lost_worker_of_a_job_that_restarts_in_place_is_replaced_alone(
         )
         assert status["attempt"] == 0 and status["replacing"] == [], status
         assert status["failure"]["pod"] == "bar-worker-1"
-    events = jobs.events("bar")
+    events = jobs.wait_events("bar", "WorkerReplaced", "Preempted")
     assert (events.count("WorkerReplaced"), events.count("Preempted")) == (1, 1)
     assert (status["restarts"], status["preemptions"]) == (1, 1)
 
@@ -215,7 +215,7 @@ def test_preempted_groups_resume_without_a_restart(jobs: Jobs, operator: Operato
     last = status["lastPreemption"]
     assert last["reason"] == "Terminated" and last["message"].startswith("bar-worker-1"), last
     assert "failure" not in status
-    assert "Preempted" in jobs.events("bar")
+    jobs.wait_events("bar", "Preempted")
 
 
 def test_operator_restart_mid_job_duplicates_nothing(
@@ -249,7 +249,7 @@ def test_unschedulable_job_says_why(jobs: Jobs, operator: OperatorProcess) -> No
     assert condition["message"].startswith("big-worker-0: 0/")
     assert "Insufficient nvidia.com/gpu" in condition["message"]
     assert jobs.status("big")["phase"] == "Pending"
-    assert "Unschedulable" in jobs.events("big")
+    jobs.wait_events("big", "Unschedulable")
 
 
 def test_deleting_a_job_removes_its_children_without_the_operator(

@@ -113,7 +113,7 @@ def test_a_deleted_worker_is_the_only_pod_created_again(platform: Platform, jobs
     assert status["attempt"] == 0, status
     assert (status["restarts"], status["preemptions"]) == (0, 1), status
     assert status["lastPreemption"]["reason"] == "Deleted", status
-    assert Reason.PREEMPTED in jobs.events("single")
+    jobs.wait_events("single", Reason.PREEMPTED)
 
 
 def test_an_elastic_job_loses_a_worker_and_trains_on(platform: Platform, jobs: Jobs) -> None:
@@ -133,7 +133,7 @@ def test_an_elastic_job_loses_a_worker_and_trains_on(platform: Platform, jobs: J
     assert status["attempt"] == 0, status
     assert status["restarts"] == 1, status
     assert status["failure"]["pod"] == "stretch-worker-2", status
-    assert Reason.WORKER_REPLACED in jobs.events("stretch")
+    jobs.wait_events("stretch", Reason.WORKER_REPLACED)
     assert uids(jobs, "stretch")["stretch-worker-0"] == first["stretch-worker-0"]
     training = status["training"]
     assert training["epoch"] == 12

@@ -179,7 +179,7 @@ def test_a_killed_rank_restarts_the_group_which_resumes(platform: Platform, jobs
     failure = status["failure"]
     assert (failure["pod"], failure["exitCode"]) == ("resume-worker-1", 137)
     assert "resuming at step" in logs(jobs, "resume-worker-0")
-    assert Reason.WORKER_FAILED in jobs.events("resume")
+    jobs.wait_events("resume", Reason.WORKER_FAILED)
 
 
 PROGRESS_DEADLINE = 60  # seconds: two of the trainer's 30 s heartbeats
@@ -228,7 +228,7 @@ def test_a_hung_rank_restarts_the_group_at_the_progress_deadline(
     assert failure["message"].endswith(
         f"more than progressDeadlineSeconds ({PROGRESS_DEADLINE}s) ago"
     ), failure
-    assert Reason.PROGRESS_DEADLINE_EXCEEDED in jobs.events("hang")
+    jobs.wait_events("hang", Reason.PROGRESS_DEADLINE_EXCEEDED)
     assert "resuming at step" in logs(jobs, "hang-worker-0")
     assert took <= PROGRESS_DEADLINE + 30 + 10  # the last report is at most a heartbeat old
 
@@ -263,7 +263,7 @@ def test_a_rank_slowed_on_its_node_is_named_a_straggler_on_the_job(
         slowed = time.monotonic()
         wait_for(names_rank_1, "Straggler=True naming rank 1", timeout=120)
         print(f"straggler named {time.monotonic() - slowed:.0f} s after: {straggler()['message']}")
-        assert Reason.STRAGGLER_DETECTED in jobs.events("slow")
+        jobs.wait_events("slow", Reason.STRAGGLER_DETECTED)
         quota.release(rank)
         wait_for(lambda: not names_rank_1(), "rank 1 no longer the straggler", timeout=120)
 
@@ -546,7 +546,7 @@ def test_a_hung_rank_of_the_users_own_script_restarts_at_the_deadline(
     assert failure["reason"] == "ProgressDeadlineExceeded", failure
     assert (failure["pod"], failure["rank"]) == ("own-script-worker-1", 1), failure
     assert failure["message"].startswith("rank 1 (pod own-script-worker-1, node "), failure
-    assert Reason.PROGRESS_DEADLINE_EXCEEDED in jobs.events("own-script")
+    jobs.wait_events("own-script", Reason.PROGRESS_DEADLINE_EXCEEDED)
     assert took <= PROGRESS_DEADLINE + 30 + 10  # the last report is at most a heartbeat old
 
 
@@ -580,7 +580,7 @@ def test_a_volume_the_kubelet_cannot_mount_is_said_on_the_job_until_it_exists(
     assert 'configmap "own-script" not found' in said["message"], said
     assert "create that ConfigMap in the job's namespace" in said["message"], said
     assert jobs.status("own-script")["phase"] == "Starting"
-    assert Reason.VOLUME_CANNOT_MOUNT in jobs.events("own-script")
+    jobs.wait_events("own-script", Reason.VOLUME_CANNOT_MOUNT)
     jobs.cluster.kubectl(
         "create", "configmap", "own-script", f"--from-file={OWN_SCRIPT / 'train.py'}",
         "-n", jobs.namespace,
@@ -611,4 +611,4 @@ def test_a_container_the_kubelet_cannot_start_is_said_on_the_job(
     assert "ErrImageNeverPull" in said["message"] or "ImagePull" in said["message"], said
     assert "localhost/kube-ddp-e2e-absent:none" in said["message"], said
     assert jobs.status("nopull")["phase"] == "Starting"  # placed, never running
-    assert "ContainerCannotStart" in jobs.events("nopull")
+    jobs.wait_events("nopull", "ContainerCannotStart")

@@ -104,7 +104,7 @@ def test_a_drained_worker_saves_and_the_group_resumes_uncounted(
     status = jobs.wait_phase("drain", "Running", timeout=30)
     assert (status["restarts"], status["preemptions"]) == (0, 1), status
     assert status.get("failure") is None, status
-    assert Reason.PREEMPTED in jobs.events("drain")
+    jobs.wait_events("drain", Reason.PREEMPTED)
     print(f"eviction -> resumed and running: {time.monotonic() - started:.1f} s")
 
 
