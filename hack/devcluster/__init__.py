@@ -9,6 +9,7 @@ docs/dev-cluster.md describe it.
 | pki | certificates and kubeconfig files |
 | processes | spawning, recording, stopping and waiting for processes |
 | controlplane | etcd, apiserver, controller manager, scheduler, kwok: `up`, `down` |
+| pod_remover | the kubelet's last step for kwok's nodes: a deleted pod removed by its uid |
 | node | the real node: containerd, CNI, kubelet, CoreDNS; `up`, `down` |
 | images | the real node's images, made here |
 | host | what the real node changes on the host, recorded and put back |

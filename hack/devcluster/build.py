@@ -188,7 +188,6 @@ BUILDS = (
                 "node/fast/node-initialize",
                 "node/heartbeat-with-lease/node-heartbeat-with-lease",
                 "pod/fast/pod-ready",
-                "pod/fast/pod-delete",
             )
         ),
     ),

@@ -1,6 +1,7 @@
-"""The control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
-with its fake nodes, as processes on 127.0.0.1 on free ports; `up`, `down` and what they
-record in .cluster/state.json. The real node (`devcluster.node`) is added on top."""
+"""The control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, and kwok
+with its fake nodes and their pods' remover (`devcluster.pod_remover`), as processes on
+127.0.0.1 on free ports; `up`, `down` and what they record in .cluster/state.json. The real
+node (`devcluster.node`) is added on top."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import random
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,6 +32,7 @@ from devcluster.paths import (
     log,
 )
 from devcluster.pki import make_pki, write_kubeconfig
+from devcluster.pod_remover import KUBELET_STOPPED, KWOK_NODE
 from devcluster.processes import (
     Component,
     http_get,
@@ -91,9 +94,10 @@ def _bindable(port: int) -> bool:
 # Kubernetes' own gang scheduling (alpha in 1.36): the scheduling.k8s.io/v1alpha2 Workload and
 # PodGroup API, pods' spec.schedulingGroup, and kube-scheduler's GangScheduling plugin.
 GANG_FEATURE_GATES = "--feature-gates=GenericWorkload=true,GangScheduling=true"
-# A pod annotated so is on a kubelet that stopped (a test's silent node): kwok leaves it as it
-# is, where it would delete it once evicted, by name, and could reach its successor of that name.
-KUBELET_STOPPED = {"sim.kubeddp.io/kubelet": "stopped"}
+
+
+def selector(annotations: dict[str, str]) -> str:
+    return ",".join(f"{key}={value}" for key, value in annotations.items())
 
 
 def component_commands(ports: dict[str, int]) -> dict[str, list[str]]:
@@ -178,13 +182,19 @@ def component_commands(ports: dict[str, int]) -> dict[str, list[str]]:
             f"--kubeconfig={RUN / 'kwok.kubeconfig'}",
             f"--config={kwok_stages}",
             "--manage-all-nodes=false",
-            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            "--disregard-status-with-annotation-selector="
-            + ",".join(f"{key}={value}" for key, value in KUBELET_STOPPED.items()),
+            f"--manage-nodes-with-annotation-selector={selector(KWOK_NODE)}",
+            f"--disregard-status-with-annotation-selector={selector(KUBELET_STOPPED)}",
             "--cidr=10.244.0.0/16",  # fake pod IPs: nothing routes to them
             "--node-ip=10.0.0.1",
             f"--server-address=127.0.0.1:{ports['kwok']}",
             "--node-lease-duration-seconds=40",  # kwok renews node leases: nodes stay Ready
+        ],
+        # kwok's nodes' kubelet removes a deleted pod by uid (kwok runs without pod-delete).
+        "pod-remover": [
+            sys.executable,
+            str(Path(__file__).with_name("pod_remover.py")),
+            f"https://127.0.0.1:{ports['kube-apiserver']}",
+            str(PKI),
         ],
     }
 
@@ -248,6 +258,13 @@ def restart_apiserver() -> float:
         scheduler["pid"] = spawn(scheduler["name"], scheduler["argv"]).pid
         STATE_FILE.write_text(json.dumps(state, indent=2))
         return unavailable
+
+
+def log_says(path: Path, words: str) -> bool:
+    try:
+        return words in path.read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def api_json(server: str, path: str) -> Any:
@@ -366,6 +383,9 @@ def start_cluster(owner: str) -> State:
             wait_until(f"{expected_nodes} Ready nodes", ready, 60, {"kwok": kwok})
 
         start_until_up("kwok", start_kwok, kwok_up, KWOK_START_RACE, KWOK_STARTS)
+        start("pod-remover")
+        watching = functools.partial(log_says, LOGS / "pod-remover.log", "watching pods")
+        wait_until("pod-remover", watching, 30, processes)
         unverified = tls_context(verify=False)
         for name in ("kube-controller-manager", "kube-scheduler"):
             check = functools.partial(

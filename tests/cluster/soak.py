@@ -57,7 +57,7 @@ FINISH_AGAIN_AFTER = 20.0
 RSS_FROM = 60.0
 LEASE = (4.0, 3.0, 1.0)
 # What a call meets while the API server restarts.
-KUBELET_STOPPED = load_dev_cluster().controlplane.KUBELET_STOPPED
+KUBELET_STOPPED = load_dev_cluster().pod_remover.KUBELET_STOPPED
 UNAVAILABLE = (
     kubernetes.client.ApiException,
     urllib3.exceptions.HTTPError,
@@ -633,9 +633,8 @@ class Soak:
         return self.cluster.core.list_namespaced_pod(self.namespace, field_selector=selector).items
 
     def _stop_kubelet_of(self, pods: Iterable[Any]) -> None:
-        """Mark `pods` as on a kubelet that stopped (`KUBELET_STOPPED`): kwok would delete each
-        once evicted, by name, and could reach its successor of that name (a new attempt's pod
-        gone at once, as no silent node does)."""
+        """Mark `pods` as on a kubelet that stopped (`KUBELET_STOPPED`): neither kwok nor the
+        pod remover touches them, whatever their node's annotation is in kwok's cache."""
         for pod in pods:
             annotations = pod.metadata.annotations or {}
             if all(annotations.get(k) == v for k, v in KUBELET_STOPPED.items()):
@@ -669,10 +668,9 @@ class Soak:
         )
 
     def _node_back(self, node: str) -> None:
-        """Its kubelet back: it finishes what it was told while away. As a kubelet does, it
-        confirms the deletion of a pod by its uid: kwok would delete it by name, a second or
-        more later, and could reach the next attempt's pod of that name (gone at once, a
-        fault no node makes)."""
+        """Its kubelet back: it finishes what it was told while away, confirming the deletion
+        of a pod by its uid as a kubelet does (the pod remover acts on a pod's events, and a
+        node coming back makes none)."""
         try:
             bound = self._bound_to(node)
         except UNAVAILABLE:
