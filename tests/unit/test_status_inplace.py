@@ -253,6 +253,19 @@ def test_workers_deleted_while_no_operator_watched_count_as_a_look_would() -> No
     assert (never.status.phase, never.status.preemptions) == ("Failed", 0)
 
 
+def test_more_losses_at_once_than_the_limit_has_left_fail_saying_so() -> None:
+    """Workers 1 and 2 on one lost node, backoffLimit 1: each counts, and two replacements
+    would pass the limit, so the job fails having made none, and says so."""
+    lost = [up(0), *(pod(i, "Failed", attempt=2, exit_code=137) for i in (1, 2))]
+    decision = decide(job(attempt2(restarts=0), nodes=3, runPolicy={"backoffLimit": 1}), lost, NOW)
+    assert (decision.status.phase, decision.status.restarts) == ("Failed", 0)
+    failed = next(c for c in decision.status.conditions if c.type == "Failed")
+    assert failed.message == (
+        "bar-worker-1 exited with code 137 (Error), with 1 more worker(s) at once; replacing "
+        "them all would pass backoffLimit 1 (0 restart(s) so far)"
+    ), failed.message
+
+
 def test_a_replacement_goes_on_without_counting_again() -> None:
     replacing = attempt2(restarts=3, replacing=[1])
     going = pod(1, "Failed", attempt=2, exit_code=137, deleting=True, **EVICTED)

@@ -147,6 +147,12 @@ def replace(
     if counted and draft.status.restarts + len(counted) > limit:
         first = counted[0]
         message = f"{first.describe()}; backoffLimit {limit} reached"
+        if len(counted) > 1:  # else "reached" at fewer restarts than the limit reads wrong
+            message = (
+                f"{first.describe()}, with {len(counted) - 1} more worker(s) at once; "
+                f"replacing them all would pass backoffLimit {limit} "
+                f"({draft.status.restarts} restart(s) so far)"
+            )
         draft.update(failure=failure_of(first))
         finish(draft, job, group, "Failed", Reason.BACKOFF_LIMIT_EXCEEDED, message)
         return
