@@ -48,6 +48,7 @@ PROGRESS_DEADLINE = 60  # the schema's least
 REPORT_EVERY = 8.0
 TERMINATING_AT_MOST = 90.0  # a worker's grace period (30 s) and the operator's force delete
 QUIET_AROUND = 30.0  # a fault is isolated when no other reached its job this close
+AT_ONCE = 5.0  # faults this close may reach the operator's same decision
 NODE_QUIET_AROUND = 120.0
 # A hang restarts its group at the progress deadline: a fault before then meets it still hung.
 HANG_QUIET_AROUND = PROGRESS_DEADLINE + QUIET_AROUND
@@ -546,6 +547,8 @@ class Soak:
         pod = self._worker_pod(generation, fault)
         if pod is None or pod.status.phase != "Running":
             return 0, "no running worker"
+        if pod.spec.node_name in self.silent:  # no kubelet reports the exit: the node's loss
+            return 0, f"{pod.metadata.name} on a silent node"
         return int(self._end(pod, 137)), pod.metadata.name
 
     def _fault_delete(self, generation: Generation, fault: Fault) -> tuple[int, str]:
@@ -593,7 +596,9 @@ class Soak:
         phase = self._status(generation).get("phase")
         self._set_suspend(generation, True)
         generation.resume_at = self.now() + SUSPENDED_SECONDS
-        return (1 if phase in ("Pending", "Starting", "Running") else 0), f"suspend ({phase})"
+        # A Restarting job may be under way again (its next group made) when the operator
+        # reads the suspend: then it is a preemption.
+        return (1 if phase in UNDER_WAY else 0), f"suspend ({phase})"
 
     def _fault_node(self, fault: Fault) -> None:
         """A soak node stops reporting (its kubelet and lease frozen); it comes back later."""
@@ -812,7 +817,7 @@ class Soak:
                 self._violate(
                     name, f"Failed with {ended} (failure {reason}), not BackoffLimitExceeded"
                 )
-            elif restarts != limit:
+            elif not limit - self._lost_beyond_one(generation) <= restarts <= limit:
                 self._violate(name, f"Failed at {restarts} restarts, backoffLimit {limit}")
         if restarts > limit:
             self._violate(name, f"{restarts} restarts past backoffLimit {limit}")
@@ -830,6 +835,20 @@ class Soak:
             self._violate(
                 name, f"{preemptions} preemptions, {want[PREEMPTION]} isolated faults to resume"
             )
+
+    def _lost_beyond_one(self, generation: Generation) -> int:
+        """How many restarts short of its backoffLimit the job may fail: an in-place job counts
+        each lost worker, so more losses than it has left in one decision (two workers of a
+        lost node, faults within AT_ONCE seconds) fail it with those restarts never made. A
+        job that restarts its group counts one restart for them all."""
+        if not generation.in_place:
+            return 0
+        effective = [hit for hit in generation.hits if hit.effective]
+        at_once = [
+            sum(o.effective for o in effective if 0 <= o.at - hit.at <= AT_ONCE)
+            for hit in effective
+        ]
+        return max(at_once, default=1) - 1
 
     def _isolated(self, generation: Generation) -> list[Hit]:
         effective = [hit for hit in generation.hits if hit.effective]
