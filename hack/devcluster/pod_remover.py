@@ -10,8 +10,8 @@ devcluster package: it runs as a script), and kwok runs without the pod-delete s
     python pod_remover.py SERVER PKI_DIR
 
 Pods a stopped kubelet holds (`KUBELET_STOPPED`) are left alone, as are pods on nodes kwok does
-not manage (the real node's).
-It lists, then watches, and lists again whenever the watch ends (an API server restart)."""
+not manage (the real node's). It lists, then watches, and lists again whenever the watch ends
+(an API server restart)."""
 
 from __future__ import annotations
 

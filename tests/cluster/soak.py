@@ -56,14 +56,14 @@ NODE_SILENT_SECONDS = (60.0, 90.0)
 SUSPENDED_SECONDS = 5.0
 FINISH_AGAIN_AFTER = 20.0
 RSS_FROM = 60.0
-LEASE = (4.0, 3.0, 1.0)
-# What a call meets while the API server restarts.
+LEASE = (4.0, 3.0, 1.0)  # duration, renew deadline, retry period: a takeover in seconds
 KUBELET_STOPPED = load_dev_cluster().pod_remover.KUBELET_STOPPED
+# What a call meets while the API server restarts.
 UNAVAILABLE = (
     kubernetes.client.ApiException,
     urllib3.exceptions.HTTPError,
     OSError,
-)  # duration, renew deadline, retry period: a takeover in seconds
+)
 
 
 @dataclasses.dataclass(frozen=True)

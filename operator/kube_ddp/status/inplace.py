@@ -146,8 +146,9 @@ def replace(
     counted = [f for f in failures if not f.preempted]
     if counted and draft.status.restarts + len(counted) > limit:
         first = counted[0]
-        message = f"{first.describe()}; backoffLimit {limit} reached"
-        if len(counted) > 1:  # else "reached" at fewer restarts than the limit reads wrong
+        if len(counted) == 1:
+            message = f"{first.describe()}; backoffLimit {limit} reached"
+        else:  # "reached" would read wrong at fewer restarts than the limit
             message = (
                 f"{first.describe()}, with {len(counted) - 1} more worker(s) at once; "
                 f"replacing them all would pass backoffLimit {limit} "
