@@ -8,9 +8,15 @@ the job's `restarts` and `preemptions` with the faults that reached it: never mo
 faults that hit a live pod (no phantom restart), never fewer than the isolated ones (no fault
 lost). Faults per job: a worker killed (exit 137), its pod deleted, its pod evicted through the
 Eviction API, rank 0 gone quiet (a hang: no progress report), a suspend and resume by the
-user; for many jobs at once: a node that stops reporting and comes back, the leading operator
-killed (two replicas with leader election), the API server restarted. Some faults come with a
-second one on the same job seconds later: two at a time, and during a recovery.
+user, a Kueue preemption; for many jobs at once: a node that stops reporting and comes back, the
+leading operator killed (two replicas with leader election), the API server restarted. Some
+faults come with a second one on the same job seconds later: two at a time, and during a
+recovery.
+
+Every `QUEUED_EVERY`th slot's jobs queue in real Kueue (hack/devcluster/kueue.py), each slot in
+a ClusterQueue of its own that its job fills: a preemption is a higher-priority job created in
+that queue (Kueue evicts the slot's job, runs the other, readmits it); the user's suspend of a
+queued job is its Workload's `spec.active: false`, as Kueue has its users stop one.
 """
 
 from __future__ import annotations
@@ -32,11 +38,12 @@ import kubernetes
 import urllib3
 
 from ddp_trainer.report import position_fields, training_patch
-from kube_ddp import names
+from kube_ddp import kueue, names
+from kube_ddp.api import load_job
 from tests.cluster.operator_support import SIM_EXIT_CODE, Jobs, OperatorProcess, job_manifest
 from tests.cluster.support import Cluster, load_dev_cluster
 
-JOB_FAULTS = ("kill", "delete", "evict", "hang", "suspend")
+JOB_FAULTS = ("kill", "delete", "evict", "hang", "suspend", "preempt")
 CLUSTER_FAULTS = ("node", "leader", "apiserver")
 # How each fault on a steady job is counted (design.md, "Failure rules", "Preemption"): a pod
 # deleted or evicted while its container runs is replaced alone and not counted where the ranks
@@ -56,6 +63,10 @@ NODE_SILENT_SECONDS = (60.0, 90.0)
 SUSPENDED_SECONDS = 5.0
 FINISH_AGAIN_AFTER = 20.0
 RSS_FROM = 60.0
+QUEUED_EVERY = 4  # slots 0, 4, 8...: a preemption is aimed at the queued slot at or below
+QUEUE_CPU = 3  # a queued job's workers ask 1 cpu each, 3 at most; its preemptor all of them
+PREEMPTOR_PRIORITY = 1000
+PREEMPTOR_WORKS = 5.0
 LEASE = (4.0, 3.0, 1.0)  # duration, renew deadline, retry period: a takeover in seconds
 KUBELET_STOPPED = load_dev_cluster().pod_remover.KUBELET_STOPPED
 # What a call meets while the API server restarts.
@@ -85,6 +96,11 @@ class Fault:
     node: int = 0  # which soak node, for a node fault
 
 
+def aimed(job: int, kind: str) -> int:
+    """The slot a fault reaches: a preemption only reaches a queued one."""
+    return job - job % QUEUED_EVERY if kind == "preempt" else job
+
+
 def plan(settings: Settings) -> list[Fault]:
     """Every fault of the soak, drawn from its seed alone."""
     draw = random.Random(settings.seed)
@@ -103,13 +119,14 @@ def plan(settings: Settings) -> list[Fault]:
         if clock > end - 20:
             break
         job, kind = draw.randrange(settings.jobs), draw.choice(JOB_FAULTS)
-        faults.append(Fault(clock, kind, job, worker=draw.randrange(8)))
+        faults.append(Fault(clock, kind, aimed(job, kind), worker=draw.randrange(8)))
         if draw.random() < settings.overlap:
             second = draw.choice(JOB_FAULTS)
-            faults.append(Fault(clock + draw.uniform(0, 4), second, job, draw.randrange(8)))
-    for kind in set(JOB_FAULTS) - {fault.kind for fault in faults}:  # every kind, once at least
-        at = draw.uniform(10, end - 20)
-        faults.append(Fault(at, kind, draw.randrange(settings.jobs), draw.randrange(8)))
+            at = clock + draw.uniform(0, 4)
+            faults.append(Fault(at, second, aimed(job, second), draw.randrange(8)))
+    for kind in sorted(set(JOB_FAULTS) - {fault.kind for fault in faults}):  # each, once at least
+        at, job = draw.uniform(10, end - 20), draw.randrange(settings.jobs)
+        faults.append(Fault(at, kind, aimed(job, kind), draw.randrange(8)))
     return sorted(faults, key=lambda fault: fault.at)
 
 
@@ -154,6 +171,7 @@ class Generation:
     finishing: float = 0.0  # when the soak ended its workers with 0
     resume_at: float | None = None
     outcome: dict[str, Any] | None = None
+    workload: str | None = None  # Kueue's, for a queued job
 
     @property
     def in_place(self) -> bool:
@@ -166,6 +184,10 @@ def group_of(status: dict[str, Any]) -> tuple[int, ...]:
     return tuple(int(status.get(key, 0)) for key in ("attempt", "restarts", "preemptions"))
 
 
+def kueue_object(kind: str, name: str, rest: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": kueue.API_VERSION, "kind": kind, "metadata": {"name": name}, **rest}
+
+
 @dataclasses.dataclass
 class Violation:
     at: float
@@ -174,8 +196,16 @@ class Violation:
 
 
 class Soak:
-    def __init__(self, cluster: Cluster, namespace: str, settings: Settings, logs: Path) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespace: str,
+        settings: Settings,
+        logs: Path,
+        with_kueue: bool = True,
+    ) -> None:
         self.cluster = cluster
+        self.with_kueue = with_kueue  # without it (it needs root), preemptions meet nothing
         self.namespace = namespace
         self.settings = settings
         self.logs = logs
@@ -203,13 +233,16 @@ class Soak:
         self.pods: list[Any] = []
         self.statuses: dict[str, dict[str, Any]] = {}
         self.terminating_since: dict[str, float] = {}
+        self.preemptors: dict[int, Generation] = {}  # by the slot they preempt
+        self.preemptors_created = 0
+        self.preemptor_class = f"soak-{namespace[-8:]}-preemptor"  # a WorkloadPriorityClass
 
     # -- the run ------------------------------------------------------------------------------
 
     def run(self) -> None:
         end = self.settings.minutes * 60
         pending = list(self.faults)
-        with self._nodes(), self._operators():
+        with self._nodes(), self._queues(), self._operators():
             self.started = time.monotonic()
             for slot in range(self.settings.jobs):
                 self._create(slot)
@@ -254,6 +287,61 @@ class Soak:
             for name in self.node_names:
                 with contextlib.suppress(*UNAVAILABLE):
                     self.cluster.core.delete_node(name)
+
+    def _queued(self, slot: int) -> bool:
+        return self.with_kueue and slot % QUEUED_EVERY == 0
+
+    @contextlib.contextmanager
+    def _queues(self) -> Iterator[None]:
+        """Kueue, and for each queued slot a ClusterQueue whose quota (`QUEUE_CPU`) its jobs
+        hold alone, behind the LocalQueue `soak-<slot>`; taken away with Kueue after the
+        soak. Before the operators: kopf looks up the kinds it watches once, as it starts."""
+        if not self.with_kueue:
+            yield
+            return
+        dev_cluster = load_dev_cluster()
+        flavor = f"soak-{self.namespace[-8:]}"
+        cluster_scoped: list[tuple[str, str, str, dict[str, Any]]] = [
+            (
+                kueue.RESOURCE_FLAVORS,
+                "ResourceFlavor",
+                flavor,
+                {"spec": {"nodeLabels": self.label}},
+            ),
+            (
+                kueue.PRIORITY_CLASSES,
+                "WorkloadPriorityClass",
+                self.preemptor_class,
+                {"value": PREEMPTOR_PRIORITY},
+            ),
+        ]
+        local_queues = []
+        for slot in filter(self._queued, range(self.settings.jobs)):
+            quota = [{"name": flavor, "resources": [{"name": "cpu", "nominalQuota": QUEUE_CPU}]}]
+            spec = {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": self.namespace}
+                },
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [{"coveredResources": ["cpu"], "flavors": quota}],
+            }
+            queue = f"{flavor}-{slot}"
+            cluster_scoped.append(("clusterqueues", "ClusterQueue", queue, {"spec": spec}))
+            local_queues.append((f"soak-{slot}", {"spec": {"clusterQueue": queue}}))
+        with dev_cluster.kueue.running(dev_cluster.running_state()):
+            for plural, kind, name, rest in cluster_scoped:
+                self.cluster.custom_objects.create_cluster_custom_object(
+                    kueue.GROUP, kueue.VERSION, plural, kueue_object(kind, name, rest)
+                )
+            for name, rest in local_queues:
+                self.cluster.custom_objects.create_namespaced_custom_object(
+                    kueue.GROUP,
+                    kueue.VERSION,
+                    self.namespace,
+                    "localqueues",
+                    kueue_object("LocalQueue", name, rest),
+                )
+            yield
 
     @contextlib.contextmanager
     def _operators(self) -> Iterator[None]:
@@ -325,13 +413,18 @@ class Soak:
         }
         if draw.random() < 0.4:
             run_policy["restartStrategy"] = "Recreate"
-        spec = {
+        spec: dict[str, Any] = {
             "nodes": draw.choice((1, 2, 2, 3)),
             "runPolicy": run_policy,
             "template": {"nodeSelector": self.label},
         }
+        if self._queued(slot):
+            spec["resources"] = {"requests": {"cpu": "1"}}
+        manifest = job_manifest(name, **spec)
+        if self._queued(slot):
+            manifest["metadata"]["labels"] = {kueue.QUEUE_LABEL: f"soak-{slot}"}
         try:
-            created = self.jobs.create(job_manifest(name, **spec))
+            created = self.jobs.create(manifest)
         except UNAVAILABLE as error:
             if isinstance(error, kubernetes.client.ApiException) and error.status == 422:
                 raise
@@ -344,6 +437,7 @@ class Soak:
             spec=spec,
             work=draw.uniform(25, 70),
             created=self.now(),
+            workload=kueue.workload_name(load_job(created)) if self._queued(slot) else None,
         )
 
     def _observe(self) -> None:
@@ -438,36 +532,46 @@ class Soak:
             if creating:
                 self._create(slot)
         for slot, generation in list(self.generations.items()):
-            status = self._status(generation)
-            phase = status.get("phase")
-            if generation.resume_at is not None and self.now() >= generation.resume_at:
-                self._set_suspend(generation, False)
-                generation.resume_at = None
-            if phase in ("Succeeded", "Failed") or generation.outcome is not None:
-                if generation.outcome is None:
-                    generation.outcome = {**status, "at": self.now()}
-                    self._delete(generation)
-                elif not self._pods_of(generation) and generation.uid not in self.statuses:
-                    self.ended.append(generation)
-                    del self.generations[slot]
-                    if creating:
-                        self._create(slot)
-                continue
-            if self._group_runs(generation):
-                self._report(generation, status)  # whatever is left of earlier groups
-            if not self._steady(generation):
-                generation.running_since = None
-                continue
-            if generation.running_since is None:
-                generation.running_since = self.now()
-            due = self.now() - generation.running_since >= generation.work
-            if generation.finishing:
-                due = self.now() - generation.finishing >= FINISH_AGAIN_AFTER
-                self.finished_again += due
-            if due and not generation.hung_at:
-                generation.finishing = self.now()
-                for pod in self._current(generation):
-                    self._end(pod, 0)
+            if self._drive_one(generation):
+                self.ended.append(generation)
+                del self.generations[slot]
+                if creating:
+                    self._create(slot)
+        for slot, preemptor in list(self.preemptors.items()):
+            if self._drive_one(preemptor):
+                del self.preemptors[slot]
+                if (preemptor.outcome or {}).get("phase") != "Succeeded":
+                    self._violate(preemptor.name, f"the preemptor ended {preemptor.outcome}")
+
+    def _drive_one(self, generation: Generation) -> bool:
+        """One job's tick; True once it ended and is gone with its pods."""
+        status = self._status(generation)
+        phase = status.get("phase")
+        if generation.resume_at is not None and self.now() >= generation.resume_at:
+            self._set_suspend(generation, False)
+            generation.resume_at = None
+        if phase in ("Succeeded", "Failed") or generation.outcome is not None:
+            if generation.outcome is None:
+                generation.outcome = {**status, "at": self.now()}
+                self._delete(generation)
+                return False
+            return not self._pods_of(generation) and generation.uid not in self.statuses
+        if self._group_runs(generation):
+            self._report(generation, status)  # whatever is left of earlier groups
+        if not self._steady(generation):
+            generation.running_since = None
+            return False
+        if generation.running_since is None:
+            generation.running_since = self.now()
+        due = self.now() - generation.running_since >= generation.work
+        if generation.finishing:
+            due = self.now() - generation.finishing >= FINISH_AGAIN_AFTER
+            self.finished_again += due
+        if due and not generation.hung_at:
+            generation.finishing = self.now()
+            for pod in self._current(generation):
+                self._end(pod, 0)
+        return False
 
     def _report(self, generation: Generation, status: dict[str, Any]) -> None:
         key = group_of(status)
@@ -502,8 +606,19 @@ class Soak:
         generation.reported, generation.reported_attempt = self.now(), key
 
     def _set_suspend(self, generation: Generation, suspend: bool) -> None:
-        body = {"spec": {"runPolicy": {"suspend": suspend}}}
+        """The user's suspend (or resume): for a queued job, through its Workload."""
         with contextlib.suppress(*UNAVAILABLE):
+            if generation.workload is not None:
+                self.cluster.custom_objects.patch_namespaced_custom_object(
+                    kueue.GROUP,
+                    kueue.VERSION,
+                    self.namespace,
+                    kueue.WORKLOADS,
+                    generation.workload,
+                    {"spec": {"active": not suspend}},
+                )
+                return
+            body = {"spec": {"runPolicy": {"suspend": suspend}}}
             self.cluster.custom_objects.patch_namespaced_custom_object(
                 names.GROUP, names.VERSION, self.namespace, names.PLURAL, generation.name, body
             )
@@ -528,7 +643,7 @@ class Soak:
         effective, target = getattr(self, f"_fault_{fault.kind}")(generation, fault)
         index = fault.worker % generation.spec["nodes"]
         expect = RESTART
-        if fault.kind == "suspend" or (
+        if fault.kind in ("suspend", "preempt") or (
             fault.kind in ("delete", "evict") and generation.in_place and index != 0
         ):
             expect = PREEMPTION
@@ -599,6 +714,41 @@ class Soak:
         # A Restarting job may be under way again (its next group made) when the operator
         # reads the suspend: then it is a preemption.
         return (1 if phase in UNDER_WAY else 0), f"suspend ({phase})"
+
+    def _fault_preempt(self, generation: Generation, fault: Fault) -> tuple[int, str]:
+        """A job of higher priority in the slot's ClusterQueue, which it fills: Kueue evicts
+        the slot's job if admitted, runs this one (`PREEMPTOR_WORKS` s) and readmits it."""
+        if not self._queued(fault.job):
+            return 0, "no Kueue"
+        if fault.job in self.preemptors:
+            return 0, "a preemptor is there already"
+        phase = self._status(generation).get("phase")
+        self.preemptors_created += 1
+        name = f"preempt-{fault.job:03d}-{self.preemptors_created}"
+        spec: dict[str, Any] = {
+            "nodes": QUEUE_CPU,
+            "resources": {"requests": {"cpu": "1"}},
+            "runPolicy": {"backoffLimit": 10},
+            "template": {"nodeSelector": self.label},
+        }
+        manifest = job_manifest(name, **spec)
+        manifest["metadata"]["labels"] = {
+            kueue.QUEUE_LABEL: f"soak-{fault.job}",
+            kueue.PRIORITY_CLASS_LABEL: self.preemptor_class,
+        }
+        try:
+            created = self.jobs.create(manifest)
+        except UNAVAILABLE:
+            return 0, "the API server away"
+        self.preemptors[fault.job] = Generation(
+            name=name,
+            uid=created["metadata"]["uid"],
+            spec=spec,
+            work=PREEMPTOR_WORKS,
+            created=self.now(),
+        )
+        # Admitted (under way), the job holds the quota the preemptor needs.
+        return (1 if phase in UNDER_WAY else 0), f"{name} ({phase})"
 
     def _fault_node(self, fault: Fault) -> None:
         """A soak node stops reporting (its kubelet and lease frozen); it comes back later."""
@@ -785,10 +935,10 @@ class Soak:
         while time.monotonic() < deadline:
             self._observe()
             self._drive(creating=False)
-            if not self.generations:
+            if not self.generations and not self.preemptors:
                 return
             time.sleep(0.5)
-        for generation in self.generations.values():
+        for generation in [*self.generations.values(), *self.preemptors.values()]:
             self._violate(
                 generation.name,
                 f"did not end within 5 min of the soak's end: {self._status(generation)}",
@@ -796,9 +946,10 @@ class Soak:
 
     def _delete_all(self) -> None:
         """Every child goes with its job (the ended jobs were deleted as they ended)."""
-        for generation in self.generations.values():
+        for generation in [*self.generations.values(), *self.preemptors.values()]:
             self._delete(generation)
-        for child in children_left(self.cluster, self.namespace):
+        kinds = (*CHILD_KINDS, f"{kueue.WORKLOADS}.{kueue.GROUP}")
+        for child in children_left(self.cluster, self.namespace, kinds=kinds):
             self._violate(child, "left after its job was deleted")
         for generation in self.ended:
             self._check_counts(generation)
@@ -900,6 +1051,7 @@ class Soak:
             "faults_applied": dict(sorted(self.applied.items())),
             "hits": sum(len(g.hits) for g in self.ended),
             "hits_not_isolated": sum(len(g.hits) - len(self._isolated(g)) for g in self.ended),
+            "preemptors_created": self.preemptors_created,
             "operators_killed": self.killed_operators,
             "ends_sent_again": self.finished_again,
             "operators_exited_on_lost_leadership": self.lost_leadership,
@@ -927,9 +1079,14 @@ class Soak:
         )
 
 
-def children_left(cluster: Cluster, namespace: str, wait_s: float = 120) -> list[str]:
+CHILD_KINDS = ("services", "networkpolicies", "serviceaccounts", "roles", "rolebindings")
+
+
+def children_left(
+    cluster: Cluster, namespace: str, wait_s: float = 120, kinds: Iterable[str] = CHILD_KINDS
+) -> list[str]:
     """What is left in `namespace` once its jobs were deleted: its pods after `wait_s`, and each
-    child a job owns (Services, NetworkPolicies, the reporter's RBAC)."""
+    child a job owns of `kinds` (Services, NetworkPolicies, the reporter's RBAC)."""
     deadline = time.monotonic() + wait_s
     while (pods := cluster.core.list_namespaced_pod(namespace).items) and (
         time.monotonic() < deadline
@@ -937,7 +1094,7 @@ def children_left(cluster: Cluster, namespace: str, wait_s: float = 120) -> list
         time.sleep(1)
     owned = cluster.kubectl(
         "get",
-        "services,networkpolicies,serviceaccounts,roles,rolebindings",
+        ",".join(kinds),
         f"--namespace={namespace}",
         "-o",
         "jsonpath={range .items[?(@.metadata.ownerReferences)]}{.kind}/{.metadata.name} {end}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from tests.cluster.soak import CLUSTER_FAULTS, JOB_FAULTS, Settings, plan
+from tests.cluster.soak import CLUSTER_FAULTS, JOB_FAULTS, QUEUED_EVERY, Settings, plan
 from tests.e2e.soak_node import KINDS as NODE_KINDS
 from tests.e2e.soak_node import node_plan
 
@@ -30,6 +30,15 @@ def test_the_short_form_meets_every_kind_and_some_overlaps() -> None:
         if a.job == b.job and abs(b.at - a.at) <= 4
     ]
     assert close, "no two faults on one job at once"
+
+
+def test_a_preemption_reaches_a_queued_job_only() -> None:
+    # Kueue preempts only the jobs it admitted: those of every QUEUED_EVERYth slot.
+    for seed in range(50):
+        faults = plan(Settings(seed=seed, minutes=30, jobs=60, nodes=7, faults_per_minute=60))
+        preemptions = [fault.job for fault in faults if fault.kind == "preempt"]
+        assert preemptions
+        assert all(job % QUEUED_EVERY == 0 and 0 <= job < 60 for job in preemptions)
 
 
 def test_the_real_node_soak_replays_its_seed_and_meets_every_kind_in_15_minutes() -> None:
