@@ -60,11 +60,16 @@ def test_a_drained_trainer_saves_to_the_object_store_and_resumes_from_that_step(
     }
     jobs.create(cpu_job(platform, "s3drain", **spec))
 
-    def mid_epoch() -> dict[str, Any] | None:
+    def early_in_an_epoch() -> dict[str, Any] | None:
+        # The first half: the eviction's SIGTERM reaches the ranks before the epoch ends,
+        # however loaded the machine, and their save is mid-epoch.
         training = jobs.status("s3drain").get("training") or {}
-        return training if training.get("epoch", 0) >= 1 and training.get("step") else None
+        step, half = training.get("step") or 0, (training.get("stepsPerEpoch") or 0) // 2
+        return training if training.get("epoch", 0) >= 1 and 0 < step <= half else None
 
-    before = wait_for(mid_epoch, "a report within the second epoch", timeout=TRAINING_TIMEOUT)
+    before = wait_for(
+        early_in_an_epoch, "a report early in the second epoch on", timeout=TRAINING_TIMEOUT
+    )
     evict(jobs, "s3drain-worker-1")
     preempted = wait_preempted(jobs, "s3drain", 1)
     assert preempted["lastPreemption"]["reason"] == "EvictionByEvictionAPI", preempted
