@@ -34,9 +34,15 @@ def tier_rank(tier: str) -> int:
     return TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER)
 
 
-def in_tier_order(items: Sequence[T], path: Callable[[T], Path], tests: Path = TESTS) -> list[T]:
-    """`items` sorted by tier (stable: a tier's tests keep their order)."""
-    return sorted(items, key=lambda item: tier_rank(tier_of(path(item), tests)))
+def in_tier_order(
+    items: Sequence[T],
+    path: Callable[[T], Path],
+    tests: Path = TESTS,
+    last: Callable[[T], bool] = lambda item: False,
+) -> list[T]:
+    """`items` sorted by tier, the `last` ones of a tier after the rest of it (stable: a tier's
+    tests keep their order otherwise)."""
+    return sorted(items, key=lambda item: (tier_rank(tier_of(path(item), tests)), last(item)))
 
 
 @dataclass

@@ -27,6 +27,7 @@ from tests.background_builds import (
 from tests.cluster.support import load_dev_cluster
 from tests.host_tools import CommandLog, install_for, unlisted
 
+LAST = "last_in_tier"
 COMMANDS = CommandLog()
 COMMANDS.install()
 
@@ -37,8 +38,11 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Unit, trainer, cluster, e2e: the tiers that need no build run while the others' build."""
-    items[:] = in_tier_order(items, lambda item: item.path)
+    """Unit, trainer, cluster, e2e: the tiers that need no build run while the others' build;
+    a test marked `last_in_tier` after the rest of its tier, which run while it builds."""
+    items[:] = in_tier_order(
+        items, lambda item: item.path, last=lambda item: bool(item.get_closest_marker(LAST))
+    )
 
 
 # The object store of the tests that use it: versitygw, whose fixture reports a failed build.

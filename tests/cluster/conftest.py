@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import re
 import shutil
@@ -51,8 +52,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append(("namespace events and pods", story))
 
 
-# Add-on builds (not part of the cluster) that a test module needs, built with the rest.
-ADDONS = {"test_kueue.py": "kueue", "test_operations_kit.py": "promtool"}
+# Add-on builds (not part of the cluster) that a test module needs, built after the cluster in
+# this order: the benchmark's peers last (its test runs last in the tier).
+ADDONS = {
+    "test_kueue.py": ("kueue",),
+    "test_soak.py": ("kueue",),
+    "test_operations_kit.py": ("promtool",),
+    "test_bench.py": ("training-operator", "jobset", "trainer-controller-manager"),
+}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -64,7 +71,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     dev_cluster = load_dev_cluster()
     if missing_tool_reason(dev_cluster) and not IN_CI:
         return
-    addons = sorted({ADDONS[item.path.name] for item in mine if item.path.name in ADDONS})
+    modules = {item.path.name for item in mine}
+    addons = list(
+        dict.fromkeys(a for module, names in ADDONS.items() if module in modules for a in names)
+    )
     if not dev_cluster.binaries_ready():
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter:
@@ -73,16 +83,25 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 f"{dev_cluster.CACHE_DIR} in the background (cold cache: about 20 min on 2 "
                 "cores); the tests that need no cluster run meanwhile"
             )
-    BUILDS.plan("cluster", "cluster", lambda: build(addons), needs_the_cluster)
+    BUILDS.plan("cluster", "cluster", dev_cluster.build_all, needs_the_cluster)
+    for addon in addons:  # after the cluster, each waited for by its modules' tests alone
+        BUILDS.plan(
+            f"add-on {addon}",
+            "cluster",
+            functools.partial(build, addon),
+            functools.partial(uses_addon, addon),
+        )
 
 
-def build(addons: list[str]) -> None:
-    """The add-ons the collected modules need, then the cluster (a no-op when warm)."""
+def build(addon: str) -> None:
+    """An add-on's binary (a no-op when warm)."""
     dev_cluster = load_dev_cluster()
-    for addon in addons:
-        with contextlib.suppress(dev_cluster.BuildError):  # the module's own fixture says why
-            dev_cluster.built(addon)
-    dev_cluster.build_all()
+    with contextlib.suppress(dev_cluster.BuildError):  # the module's own fixture says why
+        dev_cluster.built(addon)
+
+
+def uses_addon(addon: str, item: pytest.Item) -> bool:
+    return item.path.is_relative_to(HERE) and addon in ADDONS.get(item.path.name, ())
 
 
 def needs_the_cluster(item: pytest.Item) -> bool:

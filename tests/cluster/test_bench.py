@@ -12,6 +12,9 @@ from benchmarks import crd_cost, operator_measure, operator_report, shards
 from benchmarks.contenders import CONTENDERS
 from tests.cluster.support import Cluster, load_dev_cluster
 
+# Its peers are built in the background (tests/cluster/conftest.py) while the tier runs.
+pytestmark = pytest.mark.last_in_tier
+
 
 @pytest.mark.timeout(1800)  # the MPI Operator's machine-wide lock may make it wait
 def test_operator_benchmark_runs_with_the_peers(cluster: Cluster, tmp_path: Path) -> None:

@@ -43,6 +43,13 @@ def test_tiers_run_unit_trainer_cluster_e2e_each_in_its_own_order() -> None:
         "kind/test_a.py",  # outside the four tiers: after them, in their own order
         "helpers_test.py",
     ]
+    last = in_tier_order(collected, lambda name: TESTS / name, last=lambda name: "_b" in name)
+    assert last[:4] == [
+        "unit/test_a.py",
+        "unit/test_b.py",
+        "trainer/test_a.py",
+        "trainer/test_b.py",
+    ]
 
 
 def test_a_waiting_fixture_gets_the_builds_result_or_its_error_in_tier_order() -> None:
