@@ -225,6 +225,8 @@ class Soak:
         self.to_create: set[int] = set()
         self.on_silent: set[str] = set()  # pods counted as lost with a silent node
         self.killed_operators = 0
+        # When the operator was away (its leader killed, the API server restarted).
+        self.operator_away: list[float] = []
         self.finished_again = 0  # ends sent again: kwok missed the first (an API server restart)
         self.lost_leadership = 0  # replicas that exited on a Lease they could not renew
         self.restarted_operators: set[int] = set()
@@ -853,6 +855,7 @@ class Soak:
 
     def _fault_leader(self, fault: Fault) -> None:
         del fault
+        self.operator_away.append(self.now())
         leader = self._leader()
         if leader is None:
             self.applied["missed"] += 1
@@ -865,6 +868,7 @@ class Soak:
 
     def _fault_apiserver(self, fault: Fault) -> None:
         del fault
+        self.operator_away.append(self.now())
         load_dev_cluster().restart_apiserver()
 
     # -- invariants ---------------------------------------------------------------------------
@@ -1001,6 +1005,11 @@ class Soak:
         ]
         return max(at_once, default=1) - 1
 
+    def _away_within(self, at: float, seconds: float) -> bool:
+        """Whether the operator was away within `seconds` after `at`: a hang's progress
+        deadline due then fires on its return, with whatever else reached the job meanwhile."""
+        return any(0 <= away - at <= seconds for away in self.operator_away)
+
     def _isolated(self, generation: Generation) -> list[Hit]:
         effective = [hit for hit in generation.hits if hit.effective]
         ended = (generation.outcome or {}).get("at", float("inf"))
@@ -1012,7 +1021,7 @@ class Soak:
             alone = all(
                 other is hit or abs(other.at - hit.at) > max(around, QUIET_AROUND)
                 for other in effective
-            )
+            ) and not (hit.kind == "hang" and self._away_within(hit.at, HANG_QUIET_AROUND))
             if alone and hit.steady and hit.effective == 1 and ended - hit.at > around:
                 result.append(hit)
         return result
