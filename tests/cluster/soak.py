@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import random
 import signal
@@ -184,6 +185,19 @@ def group_of(status: dict[str, Any]) -> tuple[int, ...]:
     return tuple(int(status.get(key, 0)) for key in ("attempt", "restarts", "preemptions"))
 
 
+def queued_manifest(
+    name: str, slot: int, spec: dict[str, Any], priority_class: str | None = None
+) -> dict[str, Any]:
+    """A job in the slot's LocalQueue, its workers asking 1 cpu each (`spec` gets them too:
+    the soak keeps what it created)."""
+    spec["resources"] = {"requests": {"cpu": "1"}}
+    manifest = job_manifest(name, **spec)
+    manifest["metadata"]["labels"] = {kueue.QUEUE_LABEL: f"soak-{slot}"}
+    if priority_class:
+        manifest["metadata"]["labels"][kueue.PRIORITY_CLASS_LABEL] = priority_class
+    return manifest
+
+
 def kueue_object(kind: str, name: str, rest: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": kueue.API_VERSION, "kind": kind, "metadata": {"name": name}, **rest}
 
@@ -303,45 +317,36 @@ class Soak:
             return
         dev_cluster = load_dev_cluster()
         flavor = f"soak-{self.namespace[-8:]}"
-        cluster_scoped: list[tuple[str, str, str, dict[str, Any]]] = [
-            (
-                kueue.RESOURCE_FLAVORS,
-                "ResourceFlavor",
-                flavor,
-                {"spec": {"nodeLabels": self.label}},
-            ),
-            (
-                kueue.PRIORITY_CLASSES,
-                "WorkloadPriorityClass",
-                self.preemptor_class,
-                {"value": PREEMPTOR_PRIORITY},
-            ),
-        ]
-        local_queues = []
-        for slot in filter(self._queued, range(self.settings.jobs)):
-            quota = [{"name": flavor, "resources": [{"name": "cpu", "nominalQuota": QUEUE_CPU}]}]
-            spec = {
-                "namespaceSelector": {
-                    "matchLabels": {"kubernetes.io/metadata.name": self.namespace}
-                },
-                "preemption": {"withinClusterQueue": "LowerPriority"},
-                "resourceGroups": [{"coveredResources": ["cpu"], "flavors": quota}],
-            }
-            queue = f"{flavor}-{slot}"
-            cluster_scoped.append(("clusterqueues", "ClusterQueue", queue, {"spec": spec}))
-            local_queues.append((f"soak-{slot}", {"spec": {"clusterQueue": queue}}))
+        api = self.cluster.custom_objects
         with dev_cluster.kueue.running(dev_cluster.running_state()):
-            for plural, kind, name, rest in cluster_scoped:
-                self.cluster.custom_objects.create_cluster_custom_object(
-                    kueue.GROUP, kueue.VERSION, plural, kueue_object(kind, name, rest)
-                )
-            for name, rest in local_queues:
-                self.cluster.custom_objects.create_namespaced_custom_object(
+            create = functools.partial(api.create_cluster_custom_object, kueue.GROUP, kueue.VERSION)
+            nodes = {"spec": {"nodeLabels": self.label}}
+            create(kueue.RESOURCE_FLAVORS, kueue_object("ResourceFlavor", flavor, nodes))
+            priority = {"value": PREEMPTOR_PRIORITY}
+            create(
+                kueue.PRIORITY_CLASSES,
+                kueue_object("WorkloadPriorityClass", self.preemptor_class, priority),
+            )
+            for slot in filter(self._queued, range(self.settings.jobs)):
+                quota = [
+                    {"name": flavor, "resources": [{"name": "cpu", "nominalQuota": QUEUE_CPU}]}
+                ]
+                spec = {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": self.namespace}
+                    },
+                    "preemption": {"withinClusterQueue": "LowerPriority"},
+                    "resourceGroups": [{"coveredResources": ["cpu"], "flavors": quota}],
+                }
+                queue = f"{flavor}-{slot}"
+                create("clusterqueues", kueue_object("ClusterQueue", queue, {"spec": spec}))
+                local = {"spec": {"clusterQueue": queue}}
+                api.create_namespaced_custom_object(
                     kueue.GROUP,
                     kueue.VERSION,
                     self.namespace,
                     "localqueues",
-                    kueue_object("LocalQueue", name, rest),
+                    kueue_object("LocalQueue", f"soak-{slot}", local),
                 )
             yield
 
@@ -420,11 +425,8 @@ class Soak:
             "runPolicy": run_policy,
             "template": {"nodeSelector": self.label},
         }
-        if self._queued(slot):
-            spec["resources"] = {"requests": {"cpu": "1"}}
-        manifest = job_manifest(name, **spec)
-        if self._queued(slot):
-            manifest["metadata"]["labels"] = {kueue.QUEUE_LABEL: f"soak-{slot}"}
+        queued = self._queued(slot)
+        manifest = queued_manifest(name, slot, spec) if queued else job_manifest(name, **spec)
         try:
             created = self.jobs.create(manifest)
         except UNAVAILABLE as error:
@@ -439,7 +441,7 @@ class Soak:
             spec=spec,
             work=draw.uniform(25, 70),
             created=self.now(),
-            workload=kueue.workload_name(load_job(created)) if self._queued(slot) else None,
+            workload=kueue.workload_name(load_job(created)) if queued else None,
         )
 
     def _observe(self) -> None:
@@ -729,15 +731,10 @@ class Soak:
         name = f"preempt-{fault.job:03d}-{self.preemptors_created}"
         spec: dict[str, Any] = {
             "nodes": QUEUE_CPU,
-            "resources": {"requests": {"cpu": "1"}},
             "runPolicy": {"backoffLimit": 10},
             "template": {"nodeSelector": self.label},
         }
-        manifest = job_manifest(name, **spec)
-        manifest["metadata"]["labels"] = {
-            kueue.QUEUE_LABEL: f"soak-{fault.job}",
-            kueue.PRIORITY_CLASS_LABEL: self.preemptor_class,
-        }
+        manifest = queued_manifest(name, fault.job, spec, self.preemptor_class)
         try:
             created = self.jobs.create(manifest)
         except UNAVAILABLE:
