@@ -113,9 +113,14 @@ def retry_delay(failures: int) -> float:
     return float(min(FIRST_RETRY_DELAY * 2 ** (failures - 1), MAX_RETRY_DELAY))
 
 
+# The job (its uid) and the attempt a pod was made for.
+MadeFor = tuple[str | None, int | None]
+
+
 @dataclass
 class _Expected:
     deadline: float
+    made_for: MadeFor = (None, None)
     uid: str | None = None  # what it was created as, once its create has returned
 
 
@@ -126,20 +131,33 @@ class Expectations:
     timeout: float
     _pending: dict[Key, dict[str, _Expected]] = field(default_factory=dict)
 
-    def expect(self, key: Key, pod_names: Iterable[str], now: float) -> None:
+    def expect(
+        self, key: Key, pod_names: Iterable[str], now: float, made_for: MadeFor = (None, None)
+    ) -> None:
         pending = self._pending.setdefault(key, {})
-        pending.update((name, _Expected(now + self.timeout)) for name in pod_names)
+        pending.update((name, _Expected(now + self.timeout, made_for)) for name in pod_names)
 
     def created(self, key: Key, pod_name: str, uid: str) -> None:
         if (expected := self._pending.get(key, {}).get(pod_name)) is not None:
             expected.uid = uid
 
-    def observe(self, key: Key, pod_name: str, uid: str | None = None, going: bool = False) -> None:
-        """An event of `pod_name`. One of a pod being deleted, or gone, is an earlier pod of
-        that name unless it is the very pod created (`uid`): it ends no wait."""
+    def observe(self, key: Key, pod_name: str, pod: PodView | None = None) -> None:
+        """An event of `pod_name` (`pod`, as the event shows it), or None: it will never be
+        seen (its create failed). An event ends the wait only if it is of the very pod
+        created: its uid once the create has returned, before that the job and attempt it was
+        made for. An earlier pod of that name (the last attempt's, or an earlier job's of the
+        same name), whose last events kopf may read after the new pod's (a queue per
+        object), ends no wait: the new pod would read as vanished."""
         expected = self._pending.get(key, {}).get(pod_name)
-        if expected is None or (going and (uid is None or uid != expected.uid)):
+        if expected is None:
             return
+        if pod is not None:
+            if expected.uid is not None:
+                ours = pod.uid == expected.uid
+            else:
+                ours = (pod.owner_uid, pod.attempt) == expected.made_for
+            if not ours:
+                return
         del self._pending[key][pod_name]
 
     def pending(self, key: Key, now: float) -> list[str]:
@@ -257,11 +275,9 @@ class Controller:
         if preempted or removed_running or node_lost(pod) is not None:
             self.last_words.setdefault(key, {})[pod.name] = pod
 
-    def pod_changed(
-        self, key: Key, pod_name: str, window: float, uid: str | None = None, going: bool = False
-    ) -> None:
-        """An event of one of the job's pods; `going`: it is being deleted, or is gone."""
-        self.expectations.observe(key, pod_name, uid, going)
+    def pod_changed(self, key: Key, pod: PodView, window: float) -> None:
+        """An event of one of the job's pods."""
+        self.expectations.observe(key, pod.name, pod)
         self.queue.add_batched(key, window)
 
     def mpijob_changed(self, key: Key, mpijob: MPIJobView | None, window: float) -> None:
@@ -519,7 +535,9 @@ class Controller:
         before its create returns); a pod whose create failed is not expected. Each pod's
         error, None where it exists now."""
         pod_names = [p["metadata"]["name"] for p in pods]
-        self.expectations.expect(key, pod_names, asyncio.get_running_loop().time())
+        for made in map(PodView.from_pod, pods):
+            made_for = (made.owner_uid, made.attempt)
+            self.expectations.expect(key, [made.name], asyncio.get_running_loop().time(), made_for)
         results = await asyncio.gather(*(self.kube.create(p) for p in pods), return_exceptions=True)
         errors: dict[str, BaseException | None] = {}
         for pod_name, result in zip(pod_names, results, strict=True):

@@ -139,11 +139,10 @@ async def pod_event(
     _index(controller, kwargs)
     job = labels.get(names.LABEL_JOB_NAME)
     if job and namespace:
+        pod = PodView.from_pod(body)
         if type == "DELETED" and labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY:
-            controller.pod_deleted((namespace, job), PodView.from_pod(body))
-        going = type == "DELETED" or body.metadata.get("deletionTimestamp") is not None
-        uid = body.metadata.uid
-        controller.pod_changed((namespace, job), name, POD_EVENT_WINDOW, uid, going)
+            controller.pod_deleted((namespace, job), pod)
+        controller.pod_changed((namespace, job), pod, POD_EVENT_WINDOW)
 
 
 @kopf.on.event(MPIJOB_GROUP, MPIJOB_VERSION, names.MPIJOB_PLURAL, labels=OURS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from kube_ddp.config import OperatorConfig
 from kube_ddp.controller import (
     MPI_OPERATOR_MISSING,
     Controller,
+    Expectations,
     JobCache,
     Key,
     retry_delay,
@@ -152,15 +154,48 @@ def test_an_earlier_pods_last_event_does_not_stand_for_its_successor() -> None:
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, job_body())
         await controller.reconcile(KEY)
-        controller.pod_changed(KEY, "bar-worker-0", 0.0, uid="uid-of-the-old-pod", going=True)
+        old = pod(0, uid="uid-of-the-old-pod", deleting=True)
+        controller.pod_changed(KEY, old, 0.0)
         await controller.reconcile(KEY)
         assert [s.get("restarts", 0) for s in written_statuses(fake)] == [0]
-        controller.pod_changed(KEY, "bar-worker-0", 0.0, uid="uid-of-bar-worker-0", going=True)
+        controller.pod_changed(KEY, pod(0, uid="uid-of-bar-worker-0", deleting=True), 0.0)
         await controller.reconcile(KEY)  # the new pod itself is gone: it vanished
         assert written_statuses(fake)[-1]["failure"]["pod"] == "bar-worker-0"
 
     fake = run(scenario)
     assert len(fake.made("POST", PODS)) == 2
+
+
+def test_an_earlier_jobs_pod_of_the_same_name_does_not_stand_for_the_new_one() -> None:
+    """A job deleted and made again under its name (a user's delete and apply): a late event
+    of the earlier job's pod, still running when read (kopf keeps a queue per object), must not
+    end the wait for the new job's pod of that name, which would be taken for vanished."""
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body())
+        await controller.reconcile(KEY)
+        earlier = replace(pod(1, uid="uid-of-the-old-pod"), owner_uid="uid-of-the-earlier-job")
+        controller.pod_changed(KEY, earlier, 0.0)
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    assert len(fake.made("POST", PODS)) == 2
+    assert all(s.get("restarts", 0) == 0 for s in written_statuses(fake))
+    assert all(s.get("preemptions", 0) == 0 for s in written_statuses(fake))
+    assert all("failure" not in s for s in written_statuses(fake))
+
+
+def test_before_its_create_returns_a_pod_is_told_by_the_job_and_attempt_it_was_made_for() -> None:
+    """The watch may show the new pod before its create returns its uid: then an event ends
+    the wait if the pod is of this job and attempt, not if it is of the last attempt's pod or
+    of an earlier job's of the same name."""
+    expectations = Expectations(timeout=60.0)
+    expectations.expect(KEY, ["bar-worker-0"], now=0.0, made_for=(UID, 1))
+    for earlier in (pod(0, attempt=0), replace(pod(0, attempt=1), owner_uid="an-earlier-job")):
+        expectations.observe(KEY, "bar-worker-0", earlier)
+        assert expectations.pending(KEY, now=1.0) == ["bar-worker-0"]
+    expectations.observe(KEY, "bar-worker-0", pod(0, attempt=1, deleting=True))
+    assert expectations.pending(KEY, now=1.0) == []
 
 
 def test_the_status_is_written_only_when_it_changed() -> None:
