@@ -13,6 +13,8 @@ The trainer uses it, and so can a program of your own, in a few lines:
             if dist.get_rank() == 0:
                 save_checkpoint(step)
             preemption.exit()             # every rank exits 86: resume, not a failure
+    preemption.close()                    # the last check's all-reduce, before the group goes
+    dist.destroy_process_group()
 
 SIGTERM only sets a flag; `stop_requested` all-reduces it (MAX, on a gloo group of its own, so
 a GPU job's step is not synchronised with its device; in the background, read at the next
@@ -131,7 +133,10 @@ class Preemption:
         return agreed
 
     def close(self) -> None:
-        """Waits for the all-reduce in flight: before the process group is destroyed."""
+        """Waits for the all-reduce in flight: call it before destroy_process_group, which
+        shuts the agreement's group down under it. Left in flight, a gloo thread may drop the
+        collective's last reference while the interpreter finalizes: SIGABRT's 134 after a
+        run that finished (`errors.end_process`)."""
         if self._pending is not None:
             self._pending[0].wait()
             self._pending = None

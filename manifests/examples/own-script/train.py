@@ -90,6 +90,7 @@ def main() -> None:
     if rank == 0:
         weight, bias = model.module.weight.item(), model.module.bias.item()
         print(f"done: {total} steps on {world} ranks, y = {weight:.2f}x + {bias:.2f}")
+    preemption.close()  # its last check's all-reduce, still in flight, before the group goes
     dist.destroy_process_group()
 
 
