@@ -57,6 +57,9 @@ REPORT_EVERY = 8.0
 TERMINATING_AT_MOST = 90.0  # a worker's grace period (30 s) and the operator's force delete
 QUIET_AROUND = 30.0  # a fault is isolated when no other reached its job this close
 AT_ONCE = 5.0  # faults this close may reach the operator's same decision
+# From a leader's kill or an API server's restart (which ignores SIGTERM for 15 s, then the
+# leader exits on its renew deadline) until a new leader acts: 35 s at most seen.
+OPERATOR_AWAY = 40.0
 NODE_QUIET_AROUND = 120.0
 # A hang restarts its group at the progress deadline: a fault before then meets it still hung.
 HANG_QUIET_AROUND = PROGRESS_DEADLINE + QUIET_AROUND
@@ -746,8 +749,21 @@ class Soak:
             work=PREEMPTOR_WORKS,
             created=self.now(),
         )
-        # Admitted (under way), the job holds the quota the preemptor needs.
-        return (1 if phase in UNDER_WAY else 0), f"{name} ({phase})"
+        # Admitted, the job holds the quota the preemptor needs: under way, or readmitted by
+        # Kueue and not yet resumed by the operator (its status says Suspended a while longer).
+        holds = phase in UNDER_WAY or self._admitted(generation)
+        return (1 if holds else 0), f"{name} ({phase})"
+
+    def _admitted(self, generation: Generation) -> bool:
+        if generation.workload is None:
+            return False
+        try:
+            workload = self.cluster.custom_objects.get_namespaced_custom_object(
+                kueue.GROUP, kueue.VERSION, self.namespace, kueue.WORKLOADS, generation.workload
+            )
+        except UNAVAILABLE:
+            return True  # unknown: counted, so the bound on preemptions stays an upper one
+        return bool((workload.get("status") or {}).get("admission"))
 
     def _fault_node(self, fault: Fault) -> None:
         """A soak node stops reporting (its kubelet and lease frozen); it comes back later."""
@@ -1003,9 +1019,12 @@ class Soak:
         return max(at_once, default=1) - 1
 
     def _away_within(self, at: float, seconds: float) -> bool:
-        """Whether the operator was away within `seconds` after `at`: a hang's progress
-        deadline due then fires on its return, with whatever else reached the job meanwhile."""
-        return any(0 <= away - at <= seconds for away in self.operator_away)
+        """Whether the operator was away within `seconds` after `at` (a hang's progress
+        deadline due then fires on its return, with whatever else reached the job meanwhile),
+        or in the `OPERATOR_AWAY` seconds before: a fault it was acting on when it went (its
+        pods deleted, the status that says why not written) meets the next leader's reading
+        of what is left, another fault at once."""
+        return any(-OPERATOR_AWAY <= away - at <= seconds for away in self.operator_away)
 
     def _isolated(self, generation: Generation) -> list[Hit]:
         effective = [hit for hit in generation.hits if hit.effective]
@@ -1018,7 +1037,7 @@ class Soak:
             alone = all(
                 other is hit or abs(other.at - hit.at) > max(around, QUIET_AROUND)
                 for other in effective
-            ) and not (hit.kind == "hang" and self._away_within(hit.at, HANG_QUIET_AROUND))
+            ) and not self._away_within(hit.at, AT_ONCE if hit.kind != "hang" else around)
             if alone and hit.steady and hit.effective == 1 and ended - hit.at > around:
                 result.append(hit)
         return result

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import itertools
 
-from tests.cluster.soak import CLUSTER_FAULTS, JOB_FAULTS, QUEUED_EVERY, Settings, plan
+from tests.cluster.soak import (
+    CLUSTER_FAULTS,
+    JOB_FAULTS,
+    PREEMPTION,
+    QUEUED_EVERY,
+    Generation,
+    Hit,
+    Settings,
+    Soak,
+    plan,
+)
 from tests.e2e.soak_node import KINDS as NODE_KINDS
 from tests.e2e.soak_node import node_plan
 
@@ -53,3 +63,20 @@ def test_the_real_node_soak_replays_its_seed_and_meets_every_kind_in_15_minutes(
         if a.slot == b.slot and b.at - a.at <= 4
     ]
     assert seconds, "no second fault on one job"
+
+
+def test_a_fault_as_the_operator_goes_away_is_not_counted_as_isolated() -> None:
+    """soak-014 of seed 323023: a suspend 13 s into an API server restart was acted on (its pods
+    deleted) by a leader that could not write why, and the next leader read the pods as lost.
+    Such a fault meets another (the outage); one well after the outage is alone."""
+    soak = Soak.__new__(Soak)  # the count model alone, no cluster
+    soak.operator_away = [100.0]
+
+    def hit(at: float) -> Hit:
+        return Hit(at, "suspend", "suspend (Running)", 1, True, PREEMPTION, "Running", 0, 0, 0)
+
+    during, after = hit(113.0), hit(300.0)
+    generation = Generation("soak-014", "uid", {"nodes": 2}, work=60.0, created=0.0)
+    generation.hits = [during, after]
+    generation.outcome = {"at": 600.0}
+    assert soak._isolated(generation) == [after]
