@@ -134,6 +134,14 @@ def plan(settings: Settings) -> list[Fault]:
     return sorted(faults, key=lambda fault: fault.at)
 
 
+def preemption_reaches(phase: str | None, resuming: bool) -> bool:
+    """Whether a preemptor made now may preempt the job, by its status (`Soak._admitted` adds
+    its Workload's word): under way, it holds the quota the preemptor needs; suspended by the
+    user and about to be resumed (`resuming`), Kueue may readmit it before the preemptor's
+    Workload is queued, and preempt it then."""
+    return phase in UNDER_WAY or resuming
+
+
 @dataclasses.dataclass
 class Hit:
     """One fault as it reached a job: its state then, and whether it hit a live pod."""
@@ -749,10 +757,8 @@ class Soak:
             work=PREEMPTOR_WORKS,
             created=self.now(),
         )
-        # Admitted, the job holds the quota the preemptor needs: under way, or readmitted by
-        # Kueue and not yet resumed by the operator (its status says Suspended a while longer).
-        holds = phase in UNDER_WAY or self._admitted(generation)
-        return (1 if holds else 0), f"{name} ({phase})"
+        reaches = preemption_reaches(phase, generation.resume_at is not None)
+        return (1 if reaches or self._admitted(generation) else 0), f"{name} ({phase})"
 
     def _admitted(self, generation: Generation) -> bool:
         if generation.workload is None:

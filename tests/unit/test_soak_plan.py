@@ -15,6 +15,7 @@ from tests.cluster.soak import (
     Settings,
     Soak,
     plan,
+    preemption_reaches,
 )
 from tests.e2e.soak_node import KINDS as NODE_KINDS
 from tests.e2e.soak_node import node_plan
@@ -80,3 +81,12 @@ def test_a_fault_as_the_operator_goes_away_is_not_counted_as_isolated() -> None:
     generation.hits = [during, after]
     generation.outcome = {"at": 600.0}
     assert soak._isolated(generation) == [after]
+
+
+def test_a_preemption_may_reach_a_suspended_job_about_to_be_resumed() -> None:
+    """soak-016 of seed 323023: a preemptor made while the user's suspend of a queued job held
+    preempted it once the resume came (Kueue readmitted the job before the preemptor's
+    Workload was queued); a job suspended by a preemption already is out of its reach."""
+    assert preemption_reaches("Running", resuming=False)
+    assert preemption_reaches("Suspended", resuming=True)
+    assert not preemption_reaches("Suspended", resuming=False)
