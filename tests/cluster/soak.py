@@ -3,15 +3,16 @@ times from a seed, and invariants checked continuously and at the end.
 
 The faults are drawn before the soak starts (`plan`): the same seed gives the same faults at the
 same times, on the same jobs and workers. What a fault meets depends on timing, so each is
-recorded with the job's state as it was applied (`Hit`), and the counting invariants compare
-the job's `restarts` and `preemptions` with the faults that reached it: never more than the
-faults that hit a live pod (no phantom restart), never fewer than the isolated ones (no fault
-lost). Faults per job: a worker killed (exit 137), its pod deleted, its pod evicted through the
-Eviction API, rank 0 gone quiet (a hang: no progress report), a suspend and resume by the
-user, a Kueue preemption; for many jobs at once: a node that stops reporting and comes back, the
-leading operator killed (two replicas with leader election), the API server restarted. Some
-faults come with a second one on the same job seconds later: two at a time, and during a
-recovery.
+recorded with the job's state as it was applied (`Hit`), and the counting invariants compare the
+job's `restarts` and `preemptions` with the faults that reached it: never more than the faults
+that hit a live pod (no phantom restart), never fewer than the isolated ones (no fault lost):
+those that met a steady job, no other fault of the job near them and no operator outage (a
+leader's kill, an API server's restart) under way or begun just after. Faults per job: a worker
+killed (exit 137), its pod deleted, its pod evicted through the Eviction API, rank 0 gone quiet (a
+hang: no progress report), a suspend and resume by the user, a Kueue preemption; for many jobs
+at once: a node that stops reporting and comes back, the leading operator killed (two replicas
+with leader election), the API server restarted. Some faults come with a second one on the same
+job seconds later: two at a time, and during a recovery.
 
 Every `QUEUED_EVERY`th slot's jobs queue in real Kueue (hack/devcluster/kueue.py), each slot in
 a ClusterQueue of its own that its job fills: a preemption is a higher-priority job created in
