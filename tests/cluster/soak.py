@@ -135,12 +135,12 @@ def plan(settings: Settings) -> list[Fault]:
     return sorted(faults, key=lambda fault: fault.at)
 
 
-def preemption_reaches(phase: str | None, resuming: bool) -> bool:
-    """Whether a preemptor made now may preempt the job, by its status (`Soak._admitted` adds
-    its Workload's word): under way, it holds the quota the preemptor needs; suspended by the
-    user and about to be resumed (`resuming`), Kueue may readmit it before the preemptor's
-    Workload is queued, and preempt it then."""
-    return phase in UNDER_WAY or resuming
+def preemption_reaches(phase: str | None) -> bool:
+    """Whether a preemptor made now may preempt the queued job, whatever its status says: under
+    way, it holds the quota the preemptor needs; suspended (by the user, or by an earlier
+    preemption), Kueue may readmit it before the preemptor's Workload is queued, and preempt it
+    then. Only an upper bound: a suspended job is not steady, so nothing is expected of it."""
+    return phase not in ("Succeeded", "Failed")
 
 
 @dataclasses.dataclass
@@ -758,19 +758,7 @@ class Soak:
             work=PREEMPTOR_WORKS,
             created=self.now(),
         )
-        reaches = preemption_reaches(phase, generation.resume_at is not None)
-        return (1 if reaches or self._admitted(generation) else 0), f"{name} ({phase})"
-
-    def _admitted(self, generation: Generation) -> bool:
-        if generation.workload is None:
-            return False
-        try:
-            workload = self.cluster.custom_objects.get_namespaced_custom_object(
-                kueue.GROUP, kueue.VERSION, self.namespace, kueue.WORKLOADS, generation.workload
-            )
-        except UNAVAILABLE:
-            return True  # unknown: counted, so the bound on preemptions stays an upper one
-        return bool((workload.get("status") or {}).get("admission"))
+        return (1 if preemption_reaches(phase) else 0), f"{name} ({phase})"
 
     def _fault_node(self, fault: Fault) -> None:
         """A soak node stops reporting (its kubelet and lease frozen); it comes back later."""

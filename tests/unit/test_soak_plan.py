@@ -83,10 +83,11 @@ def test_a_fault_as_the_operator_goes_away_is_not_counted_as_isolated() -> None:
     assert soak._isolated(generation) == [after]
 
 
-def test_a_preemption_may_reach_a_suspended_job_about_to_be_resumed() -> None:
-    """soak-016 of seed 323023: a preemptor made while the user's suspend of a queued job held
-    preempted it once the resume came (Kueue readmitted the job before the preemptor's
-    Workload was queued); a job suspended by a preemption already is out of its reach."""
-    assert preemption_reaches("Running", resuming=False)
-    assert preemption_reaches("Suspended", resuming=True)
-    assert not preemption_reaches("Suspended", resuming=False)
+def test_a_preemption_may_reach_a_queued_job_until_it_ends() -> None:
+    """soak-016 and soak-028 of seed 323023: preemptors made while the job was suspended (by the
+    user, about to resume; by an earlier preemption) preempted it once Kueue readmitted it
+    before the preemptor's Workload was queued."""
+    assert preemption_reaches("Running")
+    assert preemption_reaches("Suspended")
+    assert not preemption_reaches("Succeeded")
+    assert not preemption_reaches("Failed")
