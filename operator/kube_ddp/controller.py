@@ -260,7 +260,12 @@ class Controller:
         self.jobs.offer(key, body)
         self.queue.add(key)
 
-    def job_deleted(self, key: Key) -> None:
+    def job_deleted(self, key: Key, uid: str | None) -> None:
+        """The job of `uid` is gone. kopf keeps a queue per object, so this may be read after a
+        new job of the same name made its pods: what is kept of that one stays."""
+        known = self.jobs.get(key)
+        if known is not None and uid is not None and known["metadata"].get("uid") != uid:
+            return
         self.jobs.drop(key)
         self.mpijobs.pop(key, None)
         self.expectations.forget(key)

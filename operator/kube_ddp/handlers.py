@@ -119,7 +119,7 @@ async def job_event(
     _index(controller, kwargs)
     key: Key = (namespace or "default", name)
     if type == "DELETED":
-        controller.job_deleted(key)
+        controller.job_deleted(key, event["object"].get("metadata", {}).get("uid"))
     else:
         controller.job_changed(key, dict(event["object"]))
 
