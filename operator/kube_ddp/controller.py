@@ -540,9 +540,9 @@ class Controller:
         before its create returns); a pod whose create failed is not expected. Each pod's
         error, None where it exists now."""
         pod_names = [p["metadata"]["name"] for p in pods]
+        now = asyncio.get_running_loop().time()
         for made in map(PodView.from_pod, pods):
-            made_for = (made.owner_uid, made.attempt)
-            self.expectations.expect(key, [made.name], asyncio.get_running_loop().time(), made_for)
+            self.expectations.expect(key, [made.name], now, (made.owner_uid, made.attempt))
         results = await asyncio.gather(*(self.kube.create(p) for p in pods), return_exceptions=True)
         errors: dict[str, BaseException | None] = {}
         for pod_name, result in zip(pod_names, results, strict=True):

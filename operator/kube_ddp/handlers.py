@@ -127,7 +127,6 @@ async def job_event(
 @kopf.on.event("pods")
 async def pod_event(
     type: str,
-    name: str,
     namespace: str | None,
     labels: Mapping[str, str],
     body: kopf.Body,
