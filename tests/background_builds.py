@@ -34,15 +34,25 @@ def tier_rank(tier: str) -> int:
     return TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER)
 
 
+# Set by a tier's conftest on the tests of a module that waits for a build of its own (an
+# add-on): its tier runs the modules that wait for none first, while a cold cache builds.
+WAITS_FOR_A_BUILD = pytest.StashKey[bool]()
+
+
 def in_tier_order(
     items: Sequence[T],
     path: Callable[[T], Path],
     tests: Path = TESTS,
     last: Callable[[T], bool] = lambda item: False,
+    waits: Callable[[T], bool] = lambda item: False,
 ) -> list[T]:
-    """`items` sorted by tier, the `last` ones of a tier after the rest of it (stable: a tier's
-    tests keep their order otherwise)."""
-    return sorted(items, key=lambda item: (tier_rank(tier_of(path(item), tests)), last(item)))
+    """`items` sorted by tier, the `last` ones of a tier after the rest of it, and before
+    those, the ones that `waits` for a build after the others (stable: a tier's tests keep
+    their order otherwise)."""
+    return sorted(
+        items,
+        key=lambda item: (tier_rank(tier_of(path(item), tests)), last(item), waits(item)),
+    )
 
 
 @dataclass

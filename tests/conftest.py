@@ -18,6 +18,7 @@ import pytest
 
 from tests.background_builds import (
     BUILDS,
+    WAITS_FOR_A_BUILD,
     in_tier_order,
     session_stderr,
     tier_of,
@@ -37,11 +38,16 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.hookimpl(trylast=True)  # after the tiers' conftests said which tests wait for a build
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Unit, trainer, cluster, e2e: the tiers that need no build run while the others' build;
-    a test marked `last_in_tier` after the rest of its tier, which run while it builds."""
+    a test marked `last_in_tier` after the rest of its tier, which run while it builds, and
+    the modules that wait for an add-on after those that wait for none."""
     items[:] = in_tier_order(
-        items, lambda item: item.path, last=lambda item: bool(item.get_closest_marker(LAST))
+        items,
+        lambda item: item.path,
+        last=lambda item: bool(item.get_closest_marker(LAST)),
+        waits=lambda item: item.stash.get(WAITS_FOR_A_BUILD, False),
     )
 
 

@@ -148,6 +148,8 @@ def _helm_ldflags() -> tuple[str, ...]:
     return tuple(flags)
 
 
+# The control plane, what `up` starts: all a cold cache builds before the first test that
+# needs a cluster (kwok's nodes stand in for kubelets).
 BUILDS = (
     GoBuild(
         name="kubernetes",
@@ -157,15 +159,6 @@ BUILDS = (
             binary: f"k8s.io/kubernetes/cmd/{binary}"
             for binary in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
         },
-        ldflags=_kubernetes_ldflags(KUBERNETES_VERSION),
-        staging_replaces=True,
-    ),
-    # A build of its own, so that clones without the real node keep their cached control plane.
-    GoBuild(
-        name="kubelet",
-        module="k8s.io/kubernetes",
-        version=KUBERNETES_VERSION,
-        packages={"kubelet": "k8s.io/kubernetes/cmd/kubelet"},
         ldflags=_kubernetes_ldflags(KUBERNETES_VERSION),
         staging_replaces=True,
     ),
@@ -190,6 +183,33 @@ BUILDS = (
                 "pod/fast/pod-ready",
             )
         ),
+    ),
+)
+
+KUEUE_CRDS = (
+    "admissionchecks",
+    "clusterqueues",
+    "cohorts",
+    "localqueues",
+    "multikueueclusters",
+    "multikueueconfigs",
+    "provisioningrequestconfigs",
+    "resourceflavors",
+    "topologies",
+    "workloadpriorityclasses",
+    "workloads",
+)
+
+# Built only when something asks for them (`built`), not by `build_all`: the cluster runs
+# without them, and their cold builds take minutes (Kueue's the longest).
+ADDONS = (
+    GoBuild(
+        name="kubelet",  # the real node's (devcluster.node), a build of its own
+        module="k8s.io/kubernetes",
+        version=KUBERNETES_VERSION,
+        packages={"kubelet": "k8s.io/kubernetes/cmd/kubelet"},
+        ldflags=_kubernetes_ldflags(KUBERNETES_VERSION),
+        staging_replaces=True,
     ),
     GoBuild(
         name="helm",
@@ -219,25 +239,6 @@ BUILDS = (
         version=COREDNS_VERSION,
         packages={"coredns": "github.com/coredns/coredns"},
     ),
-)
-
-KUEUE_CRDS = (
-    "admissionchecks",
-    "clusterqueues",
-    "cohorts",
-    "localqueues",
-    "multikueueclusters",
-    "multikueueconfigs",
-    "provisioningrequestconfigs",
-    "resourceflavors",
-    "topologies",
-    "workloadpriorityclasses",
-    "workloads",
-)
-
-# Built only when something asks for them (`built`), not by `build_all`: the cluster runs
-# without them, and Kueue's cold build takes minutes.
-ADDONS = (
     GoBuild(
         name="kube-router",  # tests/e2e/test_network_policy.py runs its firewall on the host
         module="github.com/cloudnativelabs/kube-router",
@@ -486,10 +487,14 @@ def build_one(build: GoBuild) -> None:
 
 
 @contextlib.contextmanager
-def cache_lock() -> Iterator[None]:
-    """Serialise builds: a test session and `make cluster-up` may race for a cold cache."""
+def cache_lock(name: str) -> Iterator[None]:
+    """Serialise the builds of one component: test sessions side by side (two lanes of `make
+    test`) and `make cluster-up` may race for a cold cache. Builds of different components run
+    at once (Go's module and build caches take concurrent users)."""
+    locks = CACHE_DIR / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
     (CACHE_DIR / "bin").mkdir(parents=True, exist_ok=True)
-    with open(CACHE_DIR / "build.lock", "w") as lock:
+    with open(locks / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -500,7 +505,7 @@ def built(name: str) -> Path:
     taken = next((b for b in FROM_DEBIAN if name in b.packages), None)
     if taken is not None:
         if not taken.is_built():
-            with cache_lock():
+            with cache_lock(taken.name):
                 if not taken.is_built():
                     fetch_from_debian(taken)
         return taken.bin_dir / name
@@ -508,7 +513,7 @@ def built(name: str) -> Path:
     if not build.is_built():
         if shutil.which("go") is None:
             raise BuildError(f"the Go toolchain (`go`) is not on PATH; it builds {name}")
-        with cache_lock():
+        with cache_lock(build.name):
             (CACHE_DIR / "go" / "tmp").mkdir(parents=True, exist_ok=True)
             build_one(build)
     return build.bin_dir / name
@@ -519,11 +524,10 @@ def binaries_ready() -> bool:
 
 
 def build_all() -> None:
+    """The control plane's binaries (`BUILDS`)."""
     if binaries_ready():
         return
     if shutil.which("go") is None:
         raise BuildError("the Go toolchain (`go`) is not on PATH; it is needed for a cold build")
-    with cache_lock():
-        (CACHE_DIR / "go" / "tmp").mkdir(parents=True, exist_ok=True)
-        for build in BUILDS:
-            build_one(build)
+    for build in BUILDS:
+        built(next(iter(build.packages)))

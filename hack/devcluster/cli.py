@@ -12,14 +12,19 @@ from pathlib import Path
 
 import devcluster
 from devcluster import controlplane, kind, kueue, mpioperator, node, packages
-from devcluster.build import BUILDS, build_all, built
+from devcluster.build import ADDONS, BUILDS, build_all, built
 from devcluster.paths import KUBECONFIG, STATE_DIR, BuildError, ClusterError, log
 from devcluster.processes import is_alive
+
+# What `up` runs and puts on PATH beyond the control plane.
+UP_TOOLS = ("helm", *node.NODE_BINARIES)
 
 
 def cmd_build(_: argparse.Namespace) -> int:
     build_all()
-    for build in BUILDS:
+    for name in UP_TOOLS:
+        built(name)
+    for build in (*BUILDS, *(b for b in ADDONS if b.packages.keys() & set(UP_TOOLS))):
         print(f"{build.name} {build.version}: {build.bin_dir}")
     return 0
 
@@ -38,6 +43,7 @@ def cmd_packages(_: argparse.Namespace) -> int:
 
 
 def cmd_up(_: argparse.Namespace) -> int:
+    built("helm")  # on the PATH it prints
     state = controlplane.up()
     if node.enabled():
         node.up()

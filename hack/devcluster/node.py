@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from devcluster import images, packages
-from devcluster.build import binary, build_all
+from devcluster.build import build_all, built
 from devcluster.controlplane import State, api_json, kubectl, running_state
 from devcluster.host import HostRecord, read_sysctl, require_root, write_sysctl
 from devcluster.paths import PKI, REPO, ClusterError, log, machine_lock
@@ -34,6 +34,9 @@ from devcluster.pki import new_certificate, write_kubeconfig
 from devcluster.processes import Component, is_alive, run, spawn_to, stop_component, wait_until
 
 NODE_NAME = "real-node-0"
+# What the node runs beside the control plane (add-on builds: a cluster of kwok nodes needs
+# neither).
+NODE_BINARIES = ("kubelet", "coredns")
 NODE_LABEL = ("kubeddp.io/real", "true")
 NODE_TAINT = "kubeddp.io/real-node"
 NODE_DIR = Path("/var/lib/kube-ddp-node")
@@ -263,6 +266,8 @@ def _up(state: State) -> None:
         _stop(record)
     packages.ensure([packages.REAL_NODE])
     build_all()
+    for name in NODE_BINARIES:
+        built(name)
     _start(state)
 
 
@@ -313,13 +318,13 @@ def _start(state: State) -> None:
         (NODE_DIR / "Corefile").write_text(corefile(kubeconfig))
         start(
             "coredns",
-            [str(binary("coredns")), "-conf", str(NODE_DIR / "Corefile")],
+            [str(built("coredns")), "-conf", str(NODE_DIR / "Corefile")],
         )
         route_to_apiserver(state)
         start(
             "kubelet",
             [
-                str(binary("kubelet")),
+                str(built("kubelet")),
                 f"--config={NODE_DIR / 'kubelet.json'}",
                 f"--kubeconfig={kubeconfig}",
                 f"--root-dir={NODE_DIR / 'kubelet'}",

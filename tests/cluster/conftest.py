@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from kube_ddp import names
-from tests.background_builds import BUILDS
+from tests.background_builds import BUILDS, WAITS_FOR_A_BUILD
 from tests.cluster.helm_support import Helm, helm_binary
 from tests.cluster.operator_support import (
     Jobs,
@@ -35,9 +35,13 @@ HERE = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.is_relative_to(HERE):
-            item.add_marker(pytest.mark.cluster)
+    """The tier's tests marked; those of a module that waits for an add-on said so (they run
+    after the others, while a cold cache builds their add-ons)."""
+    mine = [item for item in items if item.path.is_relative_to(HERE)]
+    waiting = {item.path for item in mine if addons_of(item)}
+    for item in mine:
+        item.add_marker(pytest.mark.cluster)
+        item.stash[WAITS_FOR_A_BUILD] = item.path in waiting
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -52,39 +56,49 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append(("namespace events and pods", story))
 
 
-# Add-on builds (not part of the cluster) that a test module needs, built after the cluster in
-# this order: the benchmark's peers last (its test runs last in the tier).
+# Add-on binaries (not part of the control plane) that a test module needs, or that a fixture
+# needs wherever it is used; each built after the control plane, before the first test that
+# needs it (the benchmark's peers last: its test runs last in the tier).
 ADDONS = {
     "test_kueue.py": ("kueue",),
     "test_soak.py": ("kueue",),
     "test_operations_kit.py": ("promtool",),
-    "test_bench.py": ("training-operator", "jobset", "trainer-controller-manager"),
+    "test_bench.py": (
+        "mpi-operator",
+        "training-operator",
+        "jobset",
+        "trainer-controller-manager",
+    ),
+    "test_real_node_host.py": load_dev_cluster().node.NODE_BINARIES,
+}
+FIXTURE_ADDONS = {
+    "helm": ("helm",),
+    "offline_helm": ("helm",),
+    "mpi_operator": ("mpi-operator",),
 }
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Plan the cold cache's build (tests/background_builds.py): it takes many minutes, which
-    the unit and trainer tiers run beside, and no test's timeout counts."""
+    """Plan the cold cache's builds (tests/background_builds.py): the control plane, then the
+    add-ons in the order the tier's tests first need them. They take many minutes, which the
+    tests that need none of them run beside, and no test's timeout counts."""
     mine = [item for item in session.items if item.path.is_relative_to(HERE)]
     if not mine:
         return
     dev_cluster = load_dev_cluster()
     if missing_tool_reason(dev_cluster) and not IN_CI:
         return
-    modules = {item.path.name for item in mine}
-    addons = list(
-        dict.fromkeys(a for module, names in ADDONS.items() if module in modules for a in names)
-    )
+    addons = list(dict.fromkeys(addon for item in mine for addon in addons_of(item)))
     if not dev_cluster.binaries_ready():
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter:
             reporter.write_line(
                 "cluster tests: building the control plane from Go modules into "
-                f"{dev_cluster.CACHE_DIR} in the background (cold cache: about 20 min on 2 "
+                f"{dev_cluster.CACHE_DIR} in the background (cold cache: about 10 min on 2 "
                 "cores); the tests that need no cluster run meanwhile"
             )
     BUILDS.plan("cluster", "cluster", dev_cluster.build_all, needs_the_cluster)
-    for addon in addons:  # after the cluster, each waited for by its modules' tests alone
+    for addon in addons:
         BUILDS.plan(
             f"add-on {addon}",
             "cluster",
@@ -93,15 +107,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         )
 
 
+def addons_of(item: pytest.Item) -> tuple[str, ...]:
+    by_module = ADDONS.get(item.path.name, ())
+    fixtures = getattr(item, "fixturenames", ())
+    return (*by_module, *(a for f in fixtures for a in FIXTURE_ADDONS.get(f, ())))
+
+
 def build(addon: str) -> None:
     """An add-on's binary (a no-op when warm)."""
     dev_cluster = load_dev_cluster()
-    with contextlib.suppress(dev_cluster.BuildError):  # the module's own fixture says why
+    with contextlib.suppress(dev_cluster.BuildError):  # the fixture that uses it says why
         dev_cluster.built(addon)
 
 
 def uses_addon(addon: str, item: pytest.Item) -> bool:
-    return item.path.is_relative_to(HERE) and addon in ADDONS.get(item.path.name, ())
+    return item.path.is_relative_to(HERE) and addon in addons_of(item)
 
 
 def needs_the_cluster(item: pytest.Item) -> bool:
@@ -214,6 +234,6 @@ def offline_helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
 
 @pytest.fixture(scope="session")
 def helm(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    """The dev cluster's helm (built with the control plane), on the admin kubeconfig; its
+    """The dev cluster's helm (an add-on build), on the admin kubeconfig; its
     cache, config and data in a temporary directory."""
     return Helm(helm_binary(), cluster.kubeconfig, tmp_path_factory.mktemp("helm-home"))

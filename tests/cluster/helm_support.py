@@ -67,7 +67,9 @@ class Helm:
 
 
 def helm_binary() -> Path:
-    return Path(load_dev_cluster().binary("helm"))
+    """The dev cluster's helm, built first on a cold cache (a background build of the tier
+    has it ready by the tests that use it)."""
+    return Path(load_dev_cluster().built("helm"))
 
 
 def service_account_kubeconfig(cluster: Cluster, namespace: str, account: str, path: Path) -> Path:

@@ -43,7 +43,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # Set: the tier runs on that cluster (tests/e2e/platform.py's ExternalPlatform), e.g. kind.
 EXTERNAL_KUBECONFIG = "KUBEDDP_E2E_KUBECONFIG"
-# Add-on builds a test module of the tier needs, built with its operator image.
+# Add-on builds every test of the tier needs: the real node's, the chart's helm, the MPI
+# Operator's (its MPIJob CRD is served before the operator starts); and those a test module
+# needs. Built with the tier's operator image.
+TIER_ADDONS = (*load_dev_cluster().node.NODE_BINARIES, "helm", "mpi-operator")
 ADDONS = {"test_network_policy.py": "kube-router", "test_mpi.py": "kueue"}
 
 
@@ -55,7 +58,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     mine = [item for item in session.items if item.path.is_relative_to(HERE)]
     if not mine or os.environ.get(EXTERNAL_KUBECONFIG) or (os.geteuid() != 0 and not IN_CI):
         return
-    addons = sorted({ADDONS[item.path.name] for item in mine if item.path.name in ADDONS})
+    modules = sorted({ADDONS[item.path.name] for item in mine if item.path.name in ADDONS})
+    addons = [*TIER_ADDONS, *modules]
     BUILDS.plan("e2e", "e2e", lambda: build(addons), lambda item: item.path.is_relative_to(HERE))
 
 

@@ -50,6 +50,15 @@ def test_tiers_run_unit_trainer_cluster_e2e_each_in_its_own_order() -> None:
         "trainer/test_a.py",
         "trainer/test_b.py",
     ]
+    cluster = ["cluster/test_last.py", "cluster/test_waits.py", "cluster/test_a.py"]
+    waiting = in_tier_order(
+        cluster,
+        lambda name: TESTS / name,
+        last=lambda name: "last" in name,
+        waits=lambda name: name != "cluster/test_a.py",
+    )
+    # a module that waits for a build after the others; the last of the tier still last
+    assert waiting == ["cluster/test_a.py", "cluster/test_waits.py", "cluster/test_last.py"]
 
 
 def test_a_waiting_fixture_gets_the_builds_result_or_its_error_in_tier_order() -> None:
