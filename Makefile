@@ -76,10 +76,10 @@ fmt: venv
 check: lint
 	$(PY) -m pytest -q tests/unit -m "not (trainer or cluster or e2e)"
 
-# Every tier; the 30 slowest tests are listed at the end, so each CI log says where the
-# tiers' time went.
+# Every tier, in two sessions side by side (tests/lanes.py); each lists its 30 slowest tests
+# at its end, so each CI log says where the tiers' time went.
 test: lint
-	$(PY) -m pytest --durations=30
+	$(PY) -m tests.lanes --durations=30
 
 # The soak's long form (tests/cluster/soak.py); SOAK_RESULTS: where its figures go (JSON).
 soak: venv

@@ -1,0 +1,55 @@
+"""`make test`'s two lanes (tests/lanes.py), run for real on a small tree of tiers: every test
+runs once, in its lane, the lane beside on a control plane of its own, and a failure in either
+lane fails the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import lanes
+
+QUIET = ["-q", "-p", "no:cacheprovider"]
+STATE = "import os\nSTATE = os.environ.get('KUBEDDP_STATE_DIR', '')\n"
+
+
+def tree(tmp_path: Path, failing: str = "") -> Path:
+    """tests/<tier>/test_<name>.py, each test checking the cluster state directory its lane
+    gives it: its own for the lane beside, none for the rest."""
+    tests = tmp_path / "tests"
+    beside = str(tmp_path / lanes.BESIDE_STATE_DIR)
+    files = {
+        "unit/test_unit.py": beside,
+        "trainer/test_trainer.py": beside,
+        "cluster/test_lifecycle.py": beside,
+        "cluster/test_crd.py": "",
+        "e2e/test_jobs.py": "",
+        "test_outside_the_tiers.py": "",
+    }
+    for path, state in files.items():
+        name = Path(path).stem
+        verdict = "False" if name == failing else f"STATE == {state!r}"
+        (tests / path).parent.mkdir(parents=True, exist_ok=True)
+        (tests / path).write_text(f"{STATE}\ndef {name}():\n    assert {verdict}\n")
+    return tests
+
+
+def test_every_test_runs_once_in_its_lane(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBEDDP_STATE_DIR", raising=False)
+    assert lanes.run(QUIET, tests=tree(tmp_path)) == 0
+    out = capfd.readouterr().out
+    streamed, beside = out.split("===== lane beside: its session's output =====")
+    assert "3 passed" in streamed  # the other cluster module, e2e and the test outside the tiers
+    assert "3 passed" in beside  # unit, trainer and the cluster module beside
+    assert "lane the rest: exit 0" in beside and "lane beside: exit 0" in beside
+
+
+@pytest.mark.parametrize("failing", ["test_trainer", "test_jobs"])
+def test_a_failure_in_either_lane_fails_the_run(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], failing: str
+) -> None:
+    assert lanes.run(QUIET, tests=tree(tmp_path, failing)) == 1
+    assert "1 failed" in capfd.readouterr().out
