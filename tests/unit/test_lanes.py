@@ -35,10 +35,15 @@ def tree(tmp_path: Path, failing: str = "") -> Path:
     return tests
 
 
-def test_every_test_runs_once_in_its_lane(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture(autouse=True)
+def no_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As `make test` starts: this session may itself run in the lane beside."""
     monkeypatch.delenv("KUBEDDP_STATE_DIR", raising=False)
+
+
+def test_every_test_runs_once_in_its_lane(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     assert lanes.run(QUIET, tests=tree(tmp_path)) == 0
     out = capfd.readouterr().out
     streamed, beside = out.split("===== lane beside: its session's output =====")
