@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from datetime import timedelta
 from types import FrameType
 from typing import Any, NoReturn
@@ -38,6 +39,10 @@ from typing import Any, NoReturn
 from ddp_trainer import contract
 from ddp_trainer.contract import EXIT_PREEMPTED
 from ddp_trainer.errors import end_process
+
+# How long `close` waits for gloo's worker to let go of the last check's tensor: microseconds
+# on a quiet machine, a scheduling delay under load.
+GLOO_RELEASE_SECONDS = 5.0
 
 
 class Preemption:
@@ -134,12 +139,20 @@ class Preemption:
 
     def close(self) -> None:
         """Waits for the all-reduce in flight: call it before destroy_process_group, which
-        shuts the agreement's group down under it. Left in flight, a gloo thread may drop the
-        collective's last reference while the interpreter finalizes: SIGABRT's 134 after a
-        run that finished (`errors.end_process`)."""
-        if self._pending is not None:
-            self._pending[0].wait()
-            self._pending = None
+        shuts the agreement's group down under it. The collective's tensor is let go only
+        after gloo's worker thread let go of it: `wait` returns as the work completes, before
+        that thread drops its references, and one that drops the last while the interpreter
+        finalizes needs a GIL that is gone (std::terminate: SIGABRT's 134 after a run that
+        finished, `errors.end_process`)."""
+        if self._pending is None:
+            return
+        work, flags = self._pending
+        self._pending = None
+        work.wait()
+        del work  # its hold on the tensor goes with the worker's
+        deadline = time.monotonic() + GLOO_RELEASE_SECONDS
+        while flags._use_count() > 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def _cpu_group(self, dist: Any) -> Any:
         if self._group is None:  # its own: DDP's collectives never queue behind it
