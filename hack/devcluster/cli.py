@@ -122,7 +122,9 @@ def cmd_status(_: argparse.Namespace) -> int:
         return 1
     print(f"server {state['server']}  kubeconfig {state['kubeconfig']}  owner {state['owner']}")
     record = node.read_record()
-    node_components = record["components"] if record and record["repo"] == node.THIS_CLONE else []
+    node_components = (
+        record["components"] if record and record["cluster"] == node.THIS_CLUSTER else []
+    )
     all_alive, total_mib = True, 0
     for prefix, component in [
         *(("", c) for c in state["components"]),

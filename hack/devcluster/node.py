@@ -29,7 +29,7 @@ from devcluster import images, packages
 from devcluster.build import build_all, built
 from devcluster.controlplane import State, api_json, kubectl, running_state
 from devcluster.host import HostRecord, read_sysctl, require_root, write_sysctl
-from devcluster.paths import PKI, REPO, ClusterError, log, machine_lock
+from devcluster.paths import PKI, STATE_DIR, ClusterError, log, machine_lock
 from devcluster.pki import new_certificate, write_kubeconfig
 from devcluster.processes import Component, is_alive, run, spawn_to, stop_component, wait_until
 
@@ -43,20 +43,22 @@ NODE_DIR = Path("/var/lib/kube-ddp-node")
 RUN_DIR = Path("/run/kube-ddp-node")  # sockets: short paths (108 bytes at most)
 SOCKET = RUN_DIR / "containerd.sock"
 RECORD = NODE_DIR / "node.json"
-THIS_CLONE = str(REPO)
+# The node joins one cluster: this clone's, or its second (KUBEDDP_STATE_DIR); the other
+# cluster's teardown must leave it be.
+THIS_CLUSTER = str(STATE_DIR)
 BRIDGE, GATEWAY, POD_CIDR = "cni0", "10.88.0.1", "10.88.0.0/16"
 # A bridge whose address was never set takes the lowest of its ports' addresses: a pod
 # deleted can change it, and the other pods' frames to the gateway (DNS, the API server) go
 # to the old address, lost until their ARP entry expires (20 to 30 s). A set address stays.
 BRIDGE_MAC = "02:6b:64:64:70:01"  # locally administered
-# Another clone's test session holds the node this long at most (its e2e tier).
+# Another cluster's test session holds the node this long at most (its e2e tier).
 OTHER_NODE_WAIT = 1800.0
 API_SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service: the first address of the range
 CNI_BIN = Path("/usr/lib/cni")  # Debian's containernetworking-plugins (packages.REAL_NODE)
 
 
 class NodeRecord(TypedDict):
-    repo: str  # the clone whose cluster the node joined
+    cluster: str  # the state directory of the cluster the node joined
     components: list[Component]
     host: dict[str, Any]
 
@@ -207,15 +209,17 @@ def read_record() -> NodeRecord | None:
         record: NodeRecord = json.loads(RECORD.read_text())
     except (OSError, ValueError):
         return None
+    if "cluster" not in record:  # recorded by a clone's only cluster, under its name
+        record["cluster"] = str(Path(record.pop("repo", "")) / ".cluster")
     return record
 
 
 def is_up() -> bool:
-    """This clone's real node runs."""
+    """This cluster's real node runs."""
     record = read_record()
     return bool(
         record
-        and record["repo"] == THIS_CLONE
+        and record["cluster"] == THIS_CLUSTER
         and record["components"]
         and all(is_alive(c) for c in record["components"])
     )
@@ -226,16 +230,19 @@ def enabled() -> bool:
     return os.environ.get("KUBEDDP_REAL_NODE", "1") != "0"
 
 
-def _other_clones_node() -> str | None:
-    """The clone whose real node runs here, when it is not this one."""
+def _other_clusters_node() -> str | None:
+    """The cluster (its state directory) whose real node runs here, when it is not this one."""
     record = read_record()
     alive = record and any(is_alive(c) for c in record["components"])
-    return record["repo"] if record and alive and record["repo"] != THIS_CLONE else None
+    if record and alive and record["cluster"] != THIS_CLUSTER:
+        return record["cluster"]
+    return None
 
 
 def up() -> None:
-    """Add the real node to the running control plane (a no-op when it runs). Another clone's
-    node is waited for: there is one per machine."""
+    """Add the real node to the running control plane (a no-op when it runs). Another
+    cluster's node (another clone's, or this one's second cluster's) is waited for: there is
+    one per machine."""
     require_root("the real node")
     state = running_state()
     if state is None:
@@ -243,7 +250,7 @@ def up() -> None:
     deadline, said = time.monotonic() + OTHER_NODE_WAIT, False
     while True:
         with machine_lock("real-node"):
-            other = _other_clones_node()
+            other = _other_clusters_node()
             if other is None:
                 _up(state)
                 return
@@ -262,7 +269,7 @@ def _up(state: State) -> None:
     if is_up() and node_ready():
         return
     record = read_record()
-    if record:  # whatever a crashed run left, of this clone or a gone one
+    if record:  # whatever a crashed run left, of this cluster or a gone one
         _stop(record)
     packages.ensure([packages.REAL_NODE])
     build_all()
@@ -277,7 +284,7 @@ def _start(state: State) -> None:
     for directory in (NODE_DIR, RUN_DIR):
         directory.mkdir(parents=True, exist_ok=True)
     record: NodeRecord = {
-        "repo": THIS_CLONE,
+        "cluster": THIS_CLUSTER,
         "components": [],
         "host": host.__dict__,
     }
@@ -350,7 +357,7 @@ def down() -> bool:
 
 def _down_locked() -> bool:
     record = read_record()
-    if record is None or record["repo"] != THIS_CLONE:
+    if record is None or record["cluster"] != THIS_CLUSTER:
         return False
     _stop(record)
     return True
