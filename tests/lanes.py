@@ -1,4 +1,4 @@
-"""`make test`: every tier, in two pytest sessions side by side (lanes).
+"""`make test-lanes`: every tier, in two pytest sessions side by side (lanes).
 
 The unit and trainer tiers touch no cluster and keep the CPU busy (a mean load of 3.4 on 2
 cores through the trainer tier); the cluster tier mostly waits on the control plane and kwok

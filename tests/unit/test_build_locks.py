@@ -1,5 +1,5 @@
-"""The build cache's locks (hack/devcluster/build.py): `make test`'s two lanes build at once, a
-component at most once, and neither waits for a build of another component."""
+"""The build cache's locks (hack/devcluster/build.py): `make test-lanes`'s two lanes build at
+once, a component at most once, and neither waits for a build of another component."""
 
 from __future__ import annotations
 
