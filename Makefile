@@ -21,14 +21,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SYNCED := $(VENV)/.synced
 
-.PHONY: help venv check test test-lanes soak soak-node test-kind lint fmt crds manifests demo bench release-check cluster-build cluster-up cluster-down cluster-status clean
+.PHONY: help venv check test test-serial soak soak-node test-kind lint fmt crds manifests demo bench release-check cluster-build cluster-up cluster-down cluster-status clean
 
 help:
 	@echo "make demo            run the example job locally: 2 CPU workers (digits), no download"
 	@echo "make check           lint + the tests that need no cluster, no torch process and no"
 	@echo "                     network (tests/unit less those marked trainer): under a minute"
-	@echo "make test            lint + all test tiers (unit, trainer, cluster, e2e)"
-	@echo "make test-lanes      the same tiers in two sessions side by side, one on a second cluster"
+	@echo "make test            lint + all test tiers (unit, trainer, cluster, e2e), in two sessions"
+	@echo "                     side by side, the second on a cluster of its own"
+	@echo "make test-serial     the same tiers in one session, on one cluster (slower)"
 	@echo "make soak            faults at random on many kwok jobs for SOAK_MINUTES (30), SOAK_JOBS (60)"
 	@echo "                     at once; SOAK_SEED replays a run (its short form is in make test)"
 	@echo "make soak-node       faults at random on real trainer jobs on the real node for SOAK_MINUTES"
@@ -77,16 +78,15 @@ fmt: venv
 check: lint
 	$(PY) -m pytest -q tests/unit -m "not (trainer or cluster or e2e)"
 
-# Every tier; the 30 slowest tests are listed at the end, so each CI log says where the
+# Every tier, in two pytest sessions side by side (tests/lanes.py), the second on a cluster of
+# its own; the 30 slowest tests of each are listed at the end, so each CI log says where the
 # tiers' time went.
 test: lint
-	$(PY) -m pytest --durations=30
-
-# Every tier in two sessions side by side (tests/lanes.py): 28 minutes warm where `make test`
-# takes 50, but its load makes gloo's teardown race (SIGABRT at a finished rank's exit, in
-# plain scripts too) frequent: not yet `make test`.
-test-lanes: lint
 	$(PY) -m tests.lanes --durations=30
+
+# Every tier in one pytest session (one cluster): slower, for reading one log in order.
+test-serial: lint
+	$(PY) -m pytest --durations=30
 
 # The soak's long form (tests/cluster/soak.py); SOAK_RESULTS: where its figures go (JSON).
 soak: venv

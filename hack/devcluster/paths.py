@@ -16,7 +16,7 @@ from typing import TextIO
 REPO = Path(__file__).resolve().parents[2]
 HACK = REPO / "hack"
 # The state of a running cluster (git-ignored); `up` starts from an empty one. One cluster per
-# state directory: KUBEDDP_STATE_DIR gives a clone a second (`make test-lanes`'s lane beside).
+# state directory: KUBEDDP_STATE_DIR gives a clone a second (`make test`'s lane beside).
 STATE_DIR = Path(os.environ.get("KUBEDDP_STATE_DIR") or REPO / ".cluster")
 PKI = STATE_DIR / "pki"
 RUN = STATE_DIR / "run"

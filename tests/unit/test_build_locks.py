@@ -1,4 +1,4 @@
-"""The build cache's locks (hack/devcluster/build.py): `make test-lanes`'s two lanes build at
+"""The build cache's locks (hack/devcluster/build.py): `make test`'s two lanes build at
 once, a component at most once, and neither waits for a build of another component."""
 
 from __future__ import annotations

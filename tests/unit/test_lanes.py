@@ -1,4 +1,4 @@
-"""`make test-lanes`'s two lanes (tests/lanes.py), run for real on a small tree of tiers: every test
+"""`make test`'s two lanes (tests/lanes.py), run for real on a small tree of tiers: every test
 runs once, in its lane, the lane beside on a control plane of its own, and a failure in either
 lane fails the run."""
 
@@ -37,7 +37,7 @@ def tree(tmp_path: Path, failing: str = "") -> Path:
 
 @pytest.fixture(autouse=True)
 def no_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As `make test-lanes` starts: this session may itself run in the lane beside."""
+    """As `make test` starts: this session may itself run in the lane beside."""
     monkeypatch.delenv("KUBEDDP_STATE_DIR", raising=False)
 
 

@@ -1,5 +1,5 @@
 """The real node belongs to the cluster it joined (its state directory), not to the clone: a
-clone's second cluster (`make test-lanes`'s lane beside) going down leaves the first's node be."""
+clone's second cluster (`make test`'s lane beside) going down leaves the first's node be."""
 
 from __future__ import annotations
 
