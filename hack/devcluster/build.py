@@ -30,6 +30,24 @@ HELM_VERSION = "v3.22.0"
 # release build stamps the minor of the k8s.io/client-go in its go.mod (v0.37.0 -> 1.37).
 HELM_KUBERNETES_MINOR = "37"
 COREDNS_VERSION = "v1.15.0"
+# What the real node's Corefile (node.corefile) and kubeadm's default one (kind) use.
+COREDNS_PLUGINS = (
+    "bind",
+    "cache",
+    "errors",
+    "forward",
+    "health",
+    "kubernetes",
+    "loadbalance",
+    "loop",
+    "prometheus",
+    "ready",
+    "reload",
+)
+# The wrapper module's path, and the package of its own main (GoBuild.plugins).
+WRAPPER_MODULE = "local.invalid/kube-ddp-dev-cluster"
+OWN_MAIN = "."
+
 ACTIONLINT_VERSION = "v1.7.12"
 # The newest the module proxy serves (v0.8.1 is refused; `@latest` wrongly says v0.6.0).
 MPI_OPERATOR_VERSION = "v0.8.2"
@@ -94,6 +112,10 @@ class GoBuild:
     # Start the wrapper's go.sum from the module's own: the checksum database lacks some of
     # Kueue's dependencies (sigs.k8s.io/scheduler-library v0.1.0-alpha1: 404).
     module_go_sum: bool = False
+    # CoreDNS: a main package of our own that links only these plugins (by their plugin.cfg
+    # names), in the order the module's plugin.cfg gives them, where the module's own main
+    # links all ~60 (cloud SDKs, tracers) and takes minutes more to build. Empty: not so built.
+    plugins: tuple[str, ...] = ()
 
     @property
     def bin_dir(self) -> Path:
@@ -107,8 +129,9 @@ class GoBuild:
     def recipe(self) -> str:
         """Written next to the binaries: a changed recipe (flags, say) means a rebuild."""
         recipe = dataclasses.asdict(self)
-        if not self.module_go_sum:  # unset: the recipe of the builds that do not use it
-            del recipe["module_go_sum"]
+        for unset in ("module_go_sum", "plugins"):  # the recipe of the builds without them
+            if not recipe[unset]:
+                del recipe[unset]
         return json.dumps(recipe, indent=2, sort_keys=True)
 
     def is_built(self) -> bool:
@@ -234,10 +257,11 @@ ADDONS = (
         ldflags=(f"-X github.com/rhysd/actionlint.version={ACTIONLINT_VERSION}",),
     ),
     GoBuild(
-        name="coredns",  # the real node's cluster DNS
+        name="coredns",  # the real node's cluster DNS, and the kind node image's
         module="github.com/coredns/coredns",
         version=COREDNS_VERSION,
-        packages={"coredns": "github.com/coredns/coredns"},
+        packages={"coredns": OWN_MAIN},
+        plugins=COREDNS_PLUGINS,
     ),
     GoBuild(
         name="kube-router",  # tests/e2e/test_network_policy.py runs its firewall on the host
@@ -446,8 +470,35 @@ def module_dir(module: str, version: str) -> Path:
 
 def go_binary_name(package: str) -> str:
     """The file name `go build -o dir/` gives a main package: a /vN suffix does not count."""
-    parts = package.split("/")
+    parts = (WRAPPER_MODULE if package == OWN_MAIN else package).split("/")
     return parts[-2] if re.fullmatch(r"v[0-9]+", parts[-1]) else parts[-1]
+
+
+def chosen_plugins(module: str, plugin_cfg: str, plugins: tuple[str, ...]) -> dict[str, str]:
+    """Each of `plugins` and its import path, in the order plugin.cfg lists them: the order in
+    which a query passes them. A `name:package` line's package without a slash lies under the
+    module's plugin/."""
+    listed = {}
+    for line in plugin_cfg.splitlines():
+        name, _, package = line.strip().partition(":")
+        if name and not name.startswith("#") and package:
+            listed[name] = package if "/" in package else f"{module}/plugin/{package}"
+    unknown = sorted(set(plugins) - set(listed))
+    if unknown:
+        raise BuildError(f"plugin.cfg of {module} lists no {', '.join(unknown)}")
+    return {name: package for name, package in listed.items() if name in plugins}
+
+
+def plugins_main(module: str, chosen: dict[str, str]) -> str:
+    """A CoreDNS main that links only the `chosen` plugins and runs them in that order."""
+    imports = "".join(f'\t_ "{package}"\n' for package in chosen.values())
+    directives = "".join(f'\t\t"{name}",\n' for name in chosen)
+    return (
+        "package main\n\nimport (\n"
+        f'\t"{module}/core/dnsserver"\n\t"{module}/coremain"\n{imports})\n\n'
+        f"func init() {{\n\tdnsserver.Directives = []string{{\n{directives}\t}}\n}}\n\n"
+        "func main() {\n\tcoremain.Run()\n}\n"
+    )
 
 
 def build_one(build: GoBuild) -> None:
@@ -459,14 +510,21 @@ def build_one(build: GoBuild) -> None:
     build.work_dir.mkdir(parents=True)
     for leftover in build.bin_dir.parent.glob(f".{build.name}-*"):  # from an interrupted build
         shutil.rmtree(leftover)
-    go(["mod", "init", "local.invalid/kube-ddp-dev-cluster"], build.work_dir)
+    go(["mod", "init", WRAPPER_MODULE], build.work_dir)
     if build.staging_replaces:
         replaces, godebugs = staging_replaces(build)
         go(["mod", "edit", *(f"-replace={r}" for r in replaces)], build.work_dir)
         go(["mod", "edit", *(f"-godebug={g}" for g in godebugs)], build.work_dir)
     if build.module_go_sum:
         shutil.copy(module_dir(build.module, build.version) / "go.sum", build.work_dir / "go.sum")
-    go(["get", *(f"{pkg}@{build.version}" for pkg in build.packages.values())], build.work_dir)
+    wanted = list(build.packages.values())
+    if build.plugins:
+        cfg = (module_dir(build.module, build.version) / "plugin.cfg").read_text()
+        chosen = chosen_plugins(build.module, cfg, build.plugins)
+        (build.work_dir / "main.go").write_text(plugins_main(build.module, chosen))
+        core = (f"{build.module}/core/dnsserver", f"{build.module}/coremain")
+        wanted = [*core, *(p for p in chosen.values() if p.startswith(f"{build.module}/"))]
+    go(["get", *(f"{pkg}@{build.version}" for pkg in wanted)], build.work_dir)
     out_dir = Path(tempfile.mkdtemp(prefix=f".{build.name}-", dir=build.bin_dir.parent))
     out_dir.chmod(0o755)  # mkdtemp makes it private
     ldflags = " ".join(("-s", "-w", *build.ldflags))
