@@ -11,27 +11,30 @@ import pytest
 from tests import lanes
 
 QUIET = ["-q", "-p", "no:cacheprovider"]
-STATE = "import os\nSTATE = os.environ.get('KUBEDDP_STATE_DIR', '')\n"
+ENV = (
+    "import os\nENV = (os.environ.get('KUBEDDP_STATE_DIR', ''), "
+    "os.environ.get('KUBEDDP_BUILD_NICE', ''))\n"
+)
 
 
 def tree(tmp_path: Path, failing: str = "") -> Path:
-    """tests/<tier>/test_<name>.py, each test checking the cluster state directory its lane
-    gives it: its own for the lane beside, none for the rest."""
+    """tests/<tier>/test_<name>.py, each test checking what its lane gives it: the lane beside
+    a cluster state directory of its own, the rest builds at the tests' own priority."""
     tests = tmp_path / "tests"
-    beside = str(tmp_path / lanes.BESIDE_STATE_DIR)
+    beside, rest = (str(tmp_path / lanes.BESIDE_STATE_DIR), ""), ("", "0")
     files = {
         "unit/test_unit.py": beside,
         "trainer/test_trainer.py": beside,
         "cluster/test_lifecycle.py": beside,
-        "cluster/test_crd.py": "",
-        "e2e/test_jobs.py": "",
-        "test_outside_the_tiers.py": "",
+        "cluster/test_crd.py": rest,
+        "e2e/test_jobs.py": rest,
+        "test_outside_the_tiers.py": rest,
     }
-    for path, state in files.items():
+    for path, env in files.items():
         name = Path(path).stem
-        verdict = "False" if name == failing else f"STATE == {state!r}"
+        verdict = "False" if name == failing else f"ENV == {env!r}"
         (tests / path).parent.mkdir(parents=True, exist_ok=True)
-        (tests / path).write_text(f"{STATE}\ndef {name}():\n    assert {verdict}\n")
+        (tests / path).write_text(f"{ENV}\ndef {name}():\n    assert {verdict}\n")
     return tests
 
 
@@ -39,6 +42,7 @@ def tree(tmp_path: Path, failing: str = "") -> Path:
 def no_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
     """As `make test` starts: this session may itself run in the lane beside."""
     monkeypatch.delenv("KUBEDDP_STATE_DIR", raising=False)
+    monkeypatch.delenv("KUBEDDP_BUILD_NICE", raising=False)
 
 
 def test_every_test_runs_once_in_its_lane(
