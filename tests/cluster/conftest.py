@@ -17,6 +17,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -75,6 +76,7 @@ FIXTURE_ADDONS = {
     "helm": ("helm",),
     "offline_helm": ("helm",),
     "mpi_operator": ("mpi-operator",),
+    "mpijob_crd": ("mpi-operator",),
 }
 
 
@@ -218,6 +220,13 @@ def mpi_operator(cluster: Cluster) -> Iterator[None]:
     finally:
         if not had_crd:
             mpioperator.remove_crd(cluster.kubeconfig)
+
+
+@pytest.fixture
+def mpijob_crd() -> ModuleType:
+    """hack/devcluster/mpioperator.py, for a test that installs and removes the MPIJob CRD
+    itself (the file comes with the MPI Operator's build, an add-on) and runs no operator."""
+    return load_dev_cluster().mpioperator
 
 
 @pytest.fixture(scope="session")

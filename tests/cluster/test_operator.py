@@ -7,6 +7,7 @@ Worker outcomes are driven by kwok through the `sim.kubeddp.io/exit-code` annota
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import kubernetes
@@ -19,7 +20,7 @@ from tests.cluster.operator_support import (
     job_manifest,
     running_operator,
 )
-from tests.cluster.support import Cluster, load_dev_cluster, wait_for
+from tests.cluster.support import Cluster, wait_for
 
 GPU_2X8 = {"nodes": 2, "accelerator": {"type": "nvidia", "perNode": 8}}
 # The group path: every pod recreated on a restart (trainer jobs restart in place by default)
@@ -317,13 +318,13 @@ def test_spec_the_api_server_refuses_in_a_pod_fails_the_job(
 
 
 def test_mpi_launcher_without_the_mpi_operator_says_so(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, mpijob_crd: ModuleType
 ) -> None:
     """Without the MPIJob kind the job is Failed saying what to install. A kind that appears
     after kube-ddp started is not watched (kopf looks kinds up once): that job says so too, and
     no MPIJob is created that nobody would follow."""
     gaudi = {"type": "gaudi", "perNode": 8}
-    mpioperator = load_dev_cluster().mpioperator
+    mpioperator = mpijob_crd
     assert not mpioperator.crd_installed(cluster.kubeconfig)
 
     def fails_saying_what_to_do(name: str) -> None:
