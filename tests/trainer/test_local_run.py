@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -248,18 +249,31 @@ def transcript_pattern(line: str) -> re.Pattern[str]:
     )
 
 
+# What a rank of a plain script prints when it aborts at exit after it finished: a torch thread
+# (gloo's) drops a collective's tensor while the interpreter finalizes, and CPython before 3.14
+# ends a thread that then takes the GIL by unwinding it through C++ frames that may not throw
+# (docs/design.md, `errors.py`). kube-ddp's own trainer ends by `os._exit`; a user's script
+# does not: upstream's, and rare (seen once in about ten full test runs here, under load).
+EXIT_ABORT = "terminate called without an active exception"
+
+
 def run_example(name: str, *flags: str) -> subprocess.CompletedProcess[str]:
     """`kube-ddp run --local job.yaml` in the example's directory, as its comment says; it must
-    succeed."""
-    done = subprocess.run(
-        [KUBE_DDP, "run", "--local", *flags, "job.yaml"],
-        cwd=support.REPO / "manifests" / "examples" / name,
-        env=support.clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=support.RUN_TIMEOUT_S,
-        check=False,
-    )
+    succeed. A failed run in which a rank aborted at exit (EXIT_ABORT) is said as a warning
+    and run once more, which must succeed."""
+    for attempt in (1, 2):
+        done = subprocess.run(
+            [KUBE_DDP, "run", "--local", *flags, "job.yaml"],
+            cwd=support.REPO / "manifests" / "examples" / name,
+            env=support.clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=support.RUN_TIMEOUT_S,
+            check=False,
+        )
+        if done.returncode == 0 or attempt == 2 or EXIT_ABORT not in done.stdout + done.stderr:
+            break
+        warnings.warn(f"{name}: a rank aborted at exit ({EXIT_ABORT!r}); run again", stacklevel=2)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
