@@ -1,13 +1,14 @@
 """`make test`: every tier, in two pytest sessions side by side (lanes).
 
-The unit and trainer tiers touch no cluster and keep the CPU busy (a mean load of 3.4 on 2
-cores through the trainer tier); the cluster tier mostly waits on the control plane and kwok
-(0.9). So the lane beside the rest runs the unit and trainer tiers, then the cluster tier's
-longest waiters on a control plane of its own (a state directory of its own, so its API server
-restarts and faults touch nothing of the other lane); the other lane, started at once, runs
-the rest of the cluster tier and the e2e tier, whose real node and chart-installed operator
-(watching every namespace) there is one of. Each lane's cold builds (tests/background_builds.py)
-take the CPU the other leaves; a component is built once (a lock each).
+The trainer tier touches no cluster and keeps the CPU busy (a mean load of 3.4 on 2 cores);
+the cluster tier mostly waits on the control plane and kwok (0.9). So the lane beside the rest
+runs the trainer tier, then the cluster tier's longest waiters on a control plane of its own
+(a state directory of its own, so its API server restarts and faults touch nothing of the other
+lane); the other lane, started at once, runs the unit tier (while a new machine builds the
+control plane), the rest of the cluster tier and the e2e tier, whose real node and
+chart-installed operator (watching every namespace) there is one of. Each lane's cold builds
+(tests/background_builds.py) take the CPU the other leaves; a component is built once (a lock
+each).
 
 The rest's output streams; the other lane's goes to a file, said in one line when it ends and
 printed whole after the rest (two live progress lines would interleave). The run passes only if
@@ -27,13 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-# What the lane beside the rest runs: the tiers that need no cluster, then cluster modules that
-# mostly wait (progress deadlines, lost nodes, the soak's faults, the benchmark's peers) and
-# need nothing there is one of per machine. On a new machine the rest waits for the control
-# plane's build at its start, which this lane reaches after the trainer tier: the benchmark's
-# module here balances the two.
+# What the lane beside the rest runs: the trainer tier, then cluster modules that mostly wait
+# (progress deadlines, lost nodes, the soak's faults, the benchmark's peers) and need nothing
+# there is one of per machine. On a new machine the rest waits for the control plane's build at
+# its start, which this lane reaches after the trainer tier: the unit tier there and the
+# benchmark's module here balance the two.
 BESIDE = (
-    "unit",
     "trainer",
     "cluster/test_lifecycle.py",
     "cluster/test_soak.py",
