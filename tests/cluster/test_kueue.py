@@ -136,9 +136,8 @@ def test_second_job_waits_for_the_quota(queued: str, jobs: Jobs, operator: Opera
     wait_for(pods_ready, "PodsReady=True on first's Workload")
 
     jobs.create(queued_job("second", queued))
-    waiting = wait_suspended(jobs, "second", "Queued")
+    waiting = wait_kueue_says(jobs, "second", "insufficient unused quota for nvidia.com/gpu")
     assert waiting["message"].startswith(f"Queued in LocalQueue {queued}: ")
-    assert "insufficient unused quota for nvidia.com/gpu" in waiting["message"]
     assert jobs.pods("second") == []
     assert jobs.get("second")["spec"]["runPolicy"]["suspend"] is True
 
