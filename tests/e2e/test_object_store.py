@@ -15,12 +15,18 @@ from typing import Any
 
 import pytest
 
-from ddp_trainer import contract
 from tests.cluster.operator_support import Jobs
 from tests.cluster.support import load_dev_cluster, wait_for
 from tests.e2e.platform import DevPlatform, Platform
 from tests.e2e.test_jobs import DIGITS, RECREATE, TRAINING_TIMEOUT, cpu_job, logs
-from tests.e2e.test_preemption import GRACE, evict, global_step, wait_preempted
+from tests.e2e.test_preemption import (
+    GRACE,
+    SLOW_STEPS_ENV,
+    evict,
+    global_step,
+    wait_early_in_an_epoch,
+    wait_preempted,
+)
 from tests.s3_server import S3Server, running_s3_server
 
 
@@ -55,21 +61,11 @@ def test_a_drained_trainer_saves_to_the_object_store_and_resumes_from_that_step(
         "trainer": trainer,
         "checkpointStore": {"secretName": secret},
         "template": {"terminationGracePeriodSeconds": GRACE * 4},
-        "env": [{"name": contract.HEARTBEAT_ENV, "value": "1"}],
+        "env": SLOW_STEPS_ENV,
         "runPolicy": RECREATE,  # the group resumes; in place, worker 1 alone would
     }
     jobs.create(cpu_job(platform, "s3drain", **spec))
-
-    def early_in_an_epoch() -> dict[str, Any] | None:
-        # The first half: the eviction's SIGTERM reaches the ranks before the epoch ends,
-        # however loaded the machine, and their save is mid-epoch.
-        training = jobs.status("s3drain").get("training") or {}
-        step, half = training.get("step") or 0, (training.get("stepsPerEpoch") or 0) // 2
-        return training if training.get("epoch", 0) >= 1 and 0 < step <= half else None
-
-    before = wait_for(
-        early_in_an_epoch, "a report early in the second epoch on", timeout=TRAINING_TIMEOUT
-    )
+    before = wait_early_in_an_epoch(jobs, "s3drain")
     evict(jobs, "s3drain-worker-1")
     preempted = wait_preempted(jobs, "s3drain", 1)
     assert preempted["lastPreemption"]["reason"] == "EvictionByEvictionAPI", preempted

@@ -112,6 +112,28 @@ def global_step(training: dict[str, Any]) -> int:
     return int(training["epoch"]) * int(training["stepsPerEpoch"]) + int(training["step"])
 
 
+# A heartbeat a second and steps of at least 50 ms (the trainer's test hook: a batch log in the
+# container's /tmp, a pause after each step): an epoch of about 90 steps outlasts several
+# heartbeats and a signal's way from the API to the ranks, however idle or busy the machine.
+SLOW_STEPS_ENV = [
+    {"name": contract.HEARTBEAT_ENV, "value": "1"},
+    {"name": "DDP_TRAINER_BATCH_LOG", "value": "/tmp/steps"},
+    {"name": "DDP_TRAINER_STEP_SECONDS", "value": "0.05"},
+]
+
+
+def wait_early_in_an_epoch(jobs: Jobs, name: str) -> dict[str, Any]:
+    """Rank 0's report from the first half of an epoch after the first: a signal sent now
+    reaches the ranks before that epoch ends, so their save is mid-epoch."""
+
+    def early() -> dict[str, Any] | None:
+        training = jobs.status(name).get("training") or {}
+        step, half = training.get("step") or 0, (training.get("stepsPerEpoch") or 0) // 2
+        return training if training.get("epoch", 0) >= 1 and 0 < step <= half else None
+
+    return wait_for(early, f"{name}: a report early in an epoch after the first", TRAINING_TIMEOUT)
+
+
 def test_the_trainer_suspended_mid_epoch_resumes_from_the_step_it_reached(
     platform: Platform, jobs: Jobs
 ) -> None:
@@ -135,15 +157,9 @@ def test_the_trainer_suspended_mid_epoch_resumes_from_the_step_it_reached(
         "volumes": [checkpoints],
         "volumeMounts": [{"name": "checkpoints", "mountPath": "/checkpoints"}],
     }
-    heartbeat = [{"name": contract.HEARTBEAT_ENV, "value": "1"}]
-    job = cpu_job(platform, "midway", trainer=trainer, template=template, env=heartbeat)
+    job = cpu_job(platform, "midway", trainer=trainer, template=template, env=SLOW_STEPS_ENV)
     jobs.create(job)
-
-    def mid_epoch() -> dict[str, Any] | None:
-        training = jobs.status("midway").get("training") or {}
-        return training if training.get("epoch", 0) >= 1 and training.get("step") else None
-
-    before = wait_for(mid_epoch, "a report within the second epoch", timeout=TRAINING_TIMEOUT)
+    before = wait_early_in_an_epoch(jobs, "midway")
     set_suspend(jobs, "midway", True)
     suspended = jobs.wait_phase("midway", "Suspended", timeout=30)
     assert suspended["lastPreemption"]["reason"] == Reason.SUSPENDED
