@@ -529,7 +529,10 @@ def build_one(build: GoBuild) -> None:
     out_dir = Path(tempfile.mkdtemp(prefix=f".{build.name}-", dir=build.bin_dir.parent))
     out_dir.chmod(0o755)  # mkdtemp makes it private
     ldflags = " ".join(("-s", "-w", *build.ldflags))
-    build_flags = ["-trimpath", "-p", "2", "-ldflags", ldflags, "-o", f"{out_dir}/"]
+    # -w leaves the debug info out of the binary; -dwarf=false does not make it in the first
+    # place: about a sixth less CPU for a cold build, the same binary (so not in the recipe).
+    no_dwarf = "-gcflags=all=-dwarf=false"
+    build_flags = ["-trimpath", "-p", "2", no_dwarf, "-ldflags", ldflags, "-o", f"{out_dir}/"]
     go(["build", *build_flags, *build.packages.values()], build.work_dir)
     for name, package in build.packages.items():
         produced = out_dir / go_binary_name(package)
