@@ -15,9 +15,9 @@ or hangs there; each rank logs a digest of every batch it trains on.
 The marker makes it happen once per marker file, so the relaunch (by torchrun --max-restarts,
 by the operator or by hand) trains on from the checkpoint. tests/trainer uses it to show
 exactly that; tests/e2e and benchmarks/ slow the steps with the batch log. Jobs should set none
-of these variables. A process that is its container's PID 1
-ignores its own SIGKILL (the kernel protects a PID namespace's init): in a pod that runs the
-trainer directly, kill it from the node instead, as tests/e2e does.
+of these variables. A process that is its container's PID 1 ignores its own SIGKILL (the kernel
+protects a PID namespace's init): in a pod that runs the trainer directly, kill it from the node
+instead, as tests/e2e does.
 """
 
 from __future__ import annotations
