@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
+import signal
 import types
 from collections.abc import Callable
 from typing import Any
@@ -94,3 +95,32 @@ def test_the_run_swaps_torchs_names_and_restores_them() -> None:
         assert launcher.LocalElasticAgent.func is elastic.Agent
     assert [getattr(module, name) for module, name in elastic.SWAPPED] == swapped
     assert not any(a is b for a, b in zip(during, swapped, strict=True))
+
+
+def test_a_torch_whose_hook_takes_other_parameters_is_named_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch's agent is run instead of ours where a signature no longer fits, not a crash."""
+
+    def monitor(self: Any, group: Any, timeout: float) -> None: ...
+
+    monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", monitor)
+    assert elastic.missing() == ["LocalElasticAgent._monitor_workers('self', 'worker_group')"]
+
+
+def test_the_agent_passes_torchs_shutdown_arguments_on_as_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch 2.9 calls `_shutdown(death_sig)`, 2.15 `_shutdown(death_sig, timeout)`."""
+    given: list[tuple[Any, ...]] = []
+
+    def shutdown(self: Any, *args: Any) -> None:
+        given.append(args)
+
+    monkeypatch.setattr(LocalElasticAgent, "_shutdown", shutdown)
+    agent_ = elastic.Agent.__new__(elastic.Agent)
+    agent_._hooks, agent_._pcontext = elastic.Hooks(agent.Rules()), None
+    agent_._shutdown()
+    agent_._shutdown(signal.SIGKILL)
+    agent_._shutdown(signal.SIGTERM, 5)
+    assert given == [(), (signal.SIGKILL,), (signal.SIGTERM, 5)]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import NoReturn
 
-from ddp_trainer.contract import EXIT_PREEMPTED
+from ddp_trainer.contract import EXIT_FAILED, EXIT_PREEMPTED
 from ddp_trainer.errors import (
     TrainerError,
     end_process,
@@ -25,6 +25,7 @@ from ddp_trainer.errors import (
 )
 from ddp_trainer.options import parse_argv
 from ddp_trainer.preemption import Preemption
+from ddp_trainer.torch_floor import too_old
 
 PROG = "ddp-train"
 
@@ -40,6 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         print(f"{PROG}: error: {exc}; install ddp-trainer[torch]", file=sys.stderr)
         return 1
+    import torch
+
+    if (old := too_old(torch.__version__)) is not None:
+        print(f"{PROG}: error: {old}", file=sys.stderr)
+        return EXIT_FAILED
     try:
         # record: under torchrun, the failure lands in the error file its summary shows.
         record(run)(options, preemption)

@@ -10,16 +10,18 @@ methods torch's SimpleElasticAgent leaves to its subclasses:
 
 torch gives torchrun's `launch_agent` no way to take an agent class, nor the rendezvous a way
 to take its poll interval: `running` swaps these module names of torch for the run and
-restores them after. Each name and signature relied on
-is pinned to torch 2.15.0 by tests/unit/test_elastic.py; where a torch lacks one (`missing`),
-torchrun runs its own agent, without restarts in place.
+restores them after. Each name and signature relied on is pinned to torch 2.15.0 by
+tests/unit/test_elastic.py, and the trainer tier runs torchrun under each shipped image's torch
+too (tests/trainer/test_image_torch.py). Where a torch lacks a name, or its signature takes
+other parameters than the ones used here (`missing`), torchrun runs its own agent, without
+restarts in place, and says so.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
-import signal
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -47,6 +49,19 @@ RENDEZVOUS_STATE = (dynamic_rendezvous, "_BackendRendezvousStateHolder")
 SWAPPED = (AGENT_CLASS, RENDEZVOUS_DELAY, RENDEZVOUS_STATE)
 # The methods `Agent` overrides.
 OVERRIDDEN = ("_monitor_workers", "_shutdown")
+# The parameters this module passes by position or name to what torch calls or is called
+# through, in that order: each must lead the signature of the torch in use. `_shutdown`
+# passes on whatever torch gives it (2.9 gives death_sig, 2.15 a timeout too).
+PARAMETERS: tuple[tuple[Any, str, tuple[str, ...]], ...] = (
+    (LocalElasticAgent, "_monitor_workers", ("self", "worker_group")),
+    (LocalElasticAgent, "_shutdown", ("self",)),
+    (dynamic_rendezvous, "_delay", ("seconds",)),
+    (
+        getattr(dynamic_rendezvous, "_BackendRendezvousStateHolder", None),
+        "__init__",
+        ("self", "backend", "settings", "cache_duration"),
+    ),
+)
 
 
 @dataclass
@@ -63,7 +78,19 @@ def missing() -> list[str]:
     agent, without restarts in place); empty on the torch it was written against."""
     names = [f"{module.__name__}.{name}" for module, name in SWAPPED if not hasattr(module, name)]
     names += [name for name in OVERRIDDEN if not hasattr(LocalElasticAgent, name)]
+    for owner, name, parameters in PARAMETERS:
+        function = getattr(owner, name, None)
+        if function is not None and _leading_parameters(function, len(parameters)) != parameters:
+            names.append(f"{getattr(owner, '__name__', owner)}.{name}{parameters}")
     return names
+
+
+def _leading_parameters(function: Any, count: int) -> tuple[str, ...]:
+    try:
+        parameters = inspect.signature(inspect.unwrap(function)).parameters
+    except (TypeError, ValueError):  # no signature to read: nothing to rely on
+        return ()
+    return tuple(parameters)[:count]
 
 
 class Agent(LocalElasticAgent):
@@ -103,8 +130,8 @@ class Agent(LocalElasticAgent):
             if code != contract.EXIT_PEER_LOST:
                 agent.report_restart(store, rank, code, self._hooks.env)
 
-    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
-        super()._shutdown(death_sig, timeout)
+    def _shutdown(self, *args: Any, **kwargs: Any) -> None:
+        super()._shutdown(*args, **kwargs)
         handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
         self._hooks.stopped[:] = [handler.proc.returncode for handler in handlers.values()]
 

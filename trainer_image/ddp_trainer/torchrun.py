@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddp_trainer import agent, contract
-from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_PREEMPTED, SIGNALLED
+from ddp_trainer.contract import EXIT_FAILED, EXIT_PEER_LOST, EXIT_PREEMPTED, SIGNALLED
 from ddp_trainer.rank_exits import PROG, cause, exit_code, how_it_ended
+from ddp_trainer.torch_floor import too_old
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: Any) -> int:
+    import torch
+
+    if (old := too_old(torch.__version__)) is not None:  # before torch's internals are read
+        print(f"{PROG}: error: {old}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
@@ -49,10 +55,13 @@ def _run(args: Any) -> int:
     args.rdzv_conf = agent.with_fast_rendezvous(args.rdzv_conf or "")
     hooks = elastic.Hooks(agent.Rules.from_env(os.environ), os.environ)
     with_hooks: contextlib.AbstractContextManager[None]
-    if elastic.missing():
-        if args.max_restarts:
-            print(f"{PROG}: this torch has no agent to hook: no restart in place", file=sys.stderr)
-            args.max_restarts = 0
+    if lacks := elastic.missing():
+        print(
+            f"{PROG}: torch {torch.__version__} lacks what kube-ddp's agent relies on "
+            f"({', '.join(lacks)}): torch's own agent runs, without restarts in place",
+            file=sys.stderr,
+        )
+        args.max_restarts = 0
         with_hooks = contextlib.nullcontext()
     else:
         with_hooks = elastic.running(hooks, agent.rendezvous_poll_s(args.nnodes))
