@@ -79,7 +79,7 @@ def missing() -> list[str]:
     names = [f"{module.__name__}.{name}" for module, name in SWAPPED if not hasattr(module, name)]
     names += [name for name in OVERRIDDEN if not hasattr(LocalElasticAgent, name)]
     for owner, name, parameters in PARAMETERS:
-        function = getattr(owner, name, None)
+        function = getattr(owner, name, None) if owner is not None else None  # else named above
         if function is not None and _leading_parameters(function, len(parameters)) != parameters:
             names.append(f"{getattr(owner, '__name__', owner)}.{name}{parameters}")
     return names
