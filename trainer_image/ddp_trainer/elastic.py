@@ -88,7 +88,7 @@ def missing() -> list[str]:
 def _leading_parameters(function: Any, count: int) -> tuple[str, ...]:
     try:
         parameters = inspect.signature(inspect.unwrap(function)).parameters
-    except (TypeError, ValueError):  # no signature to read: nothing to rely on
+    except (TypeError, ValueError):  # no signature to read: taken as not fitting
         return ()
     return tuple(parameters)[:count]
 
