@@ -60,6 +60,7 @@ from kube_ddp.status import (
     refuse,
     reject,
 )
+from kube_ddp.status.trust import overwritten_message, owned_fields, restore_owned
 from kube_ddp.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -243,6 +244,10 @@ class Controller:
     last_words: dict[Key, dict[str, PodView]] = field(default_factory=dict)
     # Gang PodGroup apiVersions: whether served, and the loop time it was asked (`_served`).
     served_cache: dict[str, tuple[bool, float]] = field(default_factory=dict)
+    # The status each job was last decided to have, with the job's uid and the resourceVersion
+    # it holds from: its fields of the operator's own that differ in a newer body were written
+    # by someone else (status/trust.py).
+    decided: dict[Key, tuple[str | None, int, JobStatus]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.expectations = Expectations(self.config.expectation_timeout)
@@ -273,6 +278,7 @@ class Controller:
         self.synced.discard(key)
         self.held_until.pop(key, None)
         self.last_words.pop(key, None)
+        self.decided.pop(key, None)
 
     def pod_deleted(self, key: Key, pod: PodView) -> None:
         preempted = pod.phase == "Failed" and pod.exit_code == names.EXIT_PREEMPTED
@@ -301,19 +307,21 @@ class Controller:
         if body is None:
             return
         now = utcnow()
-        status = JobStatus.model_validate(body.get("status") or {})
+        read = JobStatus.model_validate(body.get("status") or {})
+        body, status, overwritten = self._trusted(key, body, read)
+        await self._say_overwritten(key, body, overwritten)
         try:
             job = load_job(body)
         except ValidationError as error:
-            await self._apply(key, body, status, reject(status, describe_errors(error), now))
+            await self._apply(key, body, read, reject(status, describe_errors(error), now))
             return
         launcher = launcher_of(job)
         if not self._watches(launcher):
-            await self._apply(key, body, status, reject(status, [MPI_OPERATOR_MISSING], now))
+            await self._apply(key, body, read, reject(status, [MPI_OPERATOR_MISSING], now))
             return
         resolved = gang.resolve(job, await self._served(gang.candidates(job)))
         if isinstance(resolved, str):
-            await self._apply(key, body, status, reject(status, [resolved], now))
+            await self._apply(key, body, read, reject(status, [resolved], now))
             return
         job = resolved
         index = {"ddp_pods": self.pods, "mpi_pods": self.mpi_pods}[launcher.pod_index]
@@ -331,7 +339,7 @@ class Controller:
         expected = self.expectations.pending(key, asyncio.get_running_loop().time())
         body, job, queued = await self._apply_kueue(key, body, job, pods)
         if queued.refused is not None:
-            await self._apply(key, body, status, reject(status, [queued.refused], now))
+            await self._apply(key, body, read, reject(status, [queued.refused], now))
             return
         decision = decide(job, pods, now, expected, self.mpijobs.get(key), queued.suspended)
         if self._held(key, decision):
@@ -342,7 +350,7 @@ class Controller:
         except NotFoundError:
             if names.MPIJOB_KIND not in launcher.kinds:
                 raise  # a namespace being deleted, say: retried like any error
-            await self._apply(key, body, status, reject(status, [MPI_OPERATOR_MISSING], now))
+            await self._apply(key, body, read, reject(status, [MPI_OPERATOR_MISSING], now))
             return
         except ChildrenRefusedError as refused:
             ours = [p.name for p in pods] if launcher.owns_pods else []
@@ -352,12 +360,37 @@ class Controller:
                     for pod_name in action.names:
                         self.expectations.observe(key, pod_name)
                 await self._act(key, body, job, action)
-            await self._apply(key, body, status, decision)
+            await self._apply(key, body, read, decision)
             if refused.refusal.verdict == "wait":
                 raise WaitingForRoomError(refused.refusal.message) from None
             return
         self.held_until.pop(key, None)
-        await self._apply(key, body, status, decision)
+        await self._apply(key, body, read, decision)
+
+    def _trusted(
+        self, key: Key, body: dict[str, Any], read: JobStatus
+    ) -> tuple[dict[str, Any], JobStatus, list[str]]:
+        """`body` and its status (`read`) with the fields the operator owns as it last decided
+        them, and the fields someone else changed since (status/trust.py)."""
+        known = self.decided.get(key)
+        if known is None:
+            return body, read, []
+        uid, version, decided = known
+        if uid != body["metadata"].get("uid") or _resource_version(body) < version:
+            return body, read, []
+        status, changed = restore_owned(read, decided)
+        if not changed:
+            return body, read, []
+        restored = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return {**body, "status": restored}, status, changed
+
+    async def _say_overwritten(self, key: Key, body: dict[str, Any], changed: list[str]) -> None:
+        if not changed:
+            return
+        message = overwritten_message(changed)
+        log.warning("%s/%s: %s", *key, message)
+        event = build_event(body, "Warning", Reason.STATUS_OVERWRITTEN, message, utcnow())
+        await self.kube.create(event)
 
     def _watches(self, launcher: Launcher) -> bool:
         """Whether kopf watches the kinds of `launcher`'s children (it looks them up once)."""
@@ -417,7 +450,9 @@ class Controller:
             updated = await self.kube.patch(job_path(*key), step.job_patch)
             if updated is not None:
                 self.jobs.offer(key, updated)
-                body, job = updated, load_job(updated)
+                read = JobStatus.model_validate(updated.get("status") or {})
+                body, _, _ = self._trusted(key, updated, read)
+                job = load_job(body)
         if step.create_workload:
             priority = None
             if (ref := kueue.priority_class(job)) is not None:
@@ -558,13 +593,19 @@ class Controller:
     ) -> None:
         """Write the status if it changed, post the decision's events, schedule timed rules."""
         namespace, name = key
-        written, known = _owned_status(decision.status), _owned_status(before)
+        written, known = owned_fields(decision.status), owned_fields(before)
+        uid = body["metadata"].get("uid")
         if written != known:
             patch = _merge_patch(known, written)
+            # a write whose answer is lost may still land: no record is better than an old one
+            self.decided.pop(key, None)
             updated = await self.kube.patch_job_status(namespace, name, patch)
             if updated is not None:
                 self.jobs.offer(key, updated)
+                self.decided[key] = (uid, _resource_version(updated), decision.status)
                 metrics.observe_transition(body, before, decision.status)
+        else:
+            self.decided[key] = (uid, _resource_version(body), decision.status)
         stamp = utcnow()
         for e in decision.events:  # the operator's log tells the story its Events tell
             log.info("%s/%s: %s %s: %s", namespace, name, e.type, e.reason, e.message)
@@ -596,14 +637,6 @@ def _raise_refusal(results: Iterable[object], pods: tuple[str, ...]) -> None:
     if decisive.verdict == "retry":
         raise errors[refusals.index(decisive)]
     raise ChildrenRefusedError(decisive, pods)
-
-
-def _owned_status(status: JobStatus) -> dict[str, Any]:
-    """The status fields the operator writes: status.training belongs to the trainer and
-    status.rankRestart to the pod agents, so what we read of them is never written back."""
-    return status.model_dump(
-        mode="json", by_alias=True, exclude_none=True, exclude={"training", "rank_restart"}
-    )
 
 
 def _merge_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:

@@ -62,6 +62,9 @@ class Reason(StrEnum):
     LAUNCHER_RUNNING = "LauncherRunning"  # launcher mpi: mpirun and every worker run
     LAUNCHER_SUCCEEDED = "LauncherSucceeded"  # launcher mpi: mpirun exited 0
     LAUNCHER_FAILED = "LauncherFailed"  # launcher mpi: mpirun failed (a restart, or Failed)
+    # Warning Event: someone other than the operator changed a status field the operator owns
+    # (status/trust.py); the operator's own record of it is restored
+    STATUS_OVERWRITTEN = "StatusOverwritten"
 
 
 class PodReason(StrEnum):

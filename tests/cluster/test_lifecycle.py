@@ -204,6 +204,27 @@ def test_the_users_service_account_keeps_the_reporters_rights(
     assert jobs.status("own-account")["training"]["epoch"] == 3
 
 
+def test_a_workers_token_cannot_steer_the_job(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """The token every worker pod holds may write the job's whole status: what the operator
+    owns, forged with it, is restored and said on the job, and never acted on."""
+    jobs.create(job_manifest("steered", **CPU_2))
+    first = {p.metadata.uid for p in jobs.wait_pods("steered", 2)}
+    jobs.wait_phase("steered", "Running")
+    token = service_account_token(cluster, jobs.namespace, "steered-trainer")
+    worker = kubernetes.client.CustomObjectsApi(cluster.client_with_token(token))
+    forged = {"replacing": list(range(2, 42)), "phase": "Succeeded", "restarts": -1000}
+    worker.patch_namespaced_custom_object_status(
+        names.GROUP, names.VERSION, jobs.namespace, names.PLURAL, "steered", {"status": forged}
+    )
+    jobs.wait_events("steered", "StatusOverwritten")
+    status = jobs.wait_phase("steered", "Running")
+    assert (status["restarts"], status.get("replacing", [])) == (0, [])
+    # the reconcile that read the forged status acted before it wrote the true one back
+    assert {p.metadata.uid for p in jobs.pods("steered")} == first
+
+
 def scrape(port: int, path: str) -> tuple[int, str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
         return response.status, response.read().decode()

@@ -93,7 +93,9 @@ def run(scenario: Scenario, api: FakeApi | None = None, tokens: list[str] | None
 def start(
     fake: FakeApi, controller: Controller, body: dict[str, Any], pods: list[PodView] = ()
 ) -> None:
-    """The job as the watch delivered it, and its pods as the index holds them."""
+    """The job as the watch delivered it, and its pods as the index holds them, to an operator
+    that has just started (it has decided nothing of this job yet)."""
+    controller.decided.pop(KEY, None)
     fake.put_job(body)
     controller.jobs.offer(KEY, copy.deepcopy(body))
     controller.pods = {KEY: list(pods)}
@@ -654,3 +656,61 @@ def test_a_refusal_retrying_cannot_help_fails_the_job_and_leaves_no_pod(
     (created,) = [c.body["metadata"]["name"] for c in fake.made("POST", PODS)][1:]
     assert [c.path.rsplit("/", 1)[-1] for c in fake.made("DELETE", PODS)] == [created]
     assert event_reasons(fake) == [reason]
+
+
+def forge(fake: FakeApi, controller: Controller, status: dict[str, Any]) -> None:
+    """Someone other than the operator (a worker's token) merges `status` into the job's
+    status, and the watch delivers the result."""
+    job = fake.jobs[STATUS.removesuffix("/status")]
+    job["status"] = {**job["status"], **status}
+    job["metadata"]["resourceVersion"] = str(int(job["metadata"]["resourceVersion"]) + 1)
+    controller.jobs.offer(KEY, copy.deepcopy(job))
+
+
+def test_a_forged_status_is_restored_and_said_on_the_job() -> None:
+    """A worker's token may write the whole status: what the operator owns (phase, restarts,
+    replacing, attempt, ...) is restored from its own record, never acted on; the trainer's
+    report written with it is kept."""
+    running = {"phase": "Running", "startTime": "2026-11-22T12:00:00Z"}
+    training = {"epoch": 2}
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body(running), [pod(0), pod(1)])
+        await controller.reconcile(KEY)
+        forged = {"phase": "Succeeded", "restarts": -1000, "replacing": list(range(2, 42))}
+        forge(fake, controller, {**forged, "attempt": 3, "training": training})
+        await controller.reconcile(KEY)
+        await controller.reconcile(KEY)  # said once: the restored status stands
+
+    fake = run(scenario)
+    assert not fake.made("POST", PODS)
+    assert not fake.made("DELETE")
+    stored = fake.jobs[STATUS.removesuffix("/status")]["status"]
+    assert stored["phase"] == "Running"
+    assert stored.get("restarts", 0) == 0
+    assert stored.get("attempt", 0) == 0
+    assert stored["replacing"] == []
+    assert stored["training"] == training
+    assert event_reasons(fake).count(Reason.STATUS_OVERWRITTEN) == 1
+    (said,) = [
+        c.body for c in fake.made("POST", "/events") if c.body["reason"] == "StatusOverwritten"
+    ]
+    assert said["type"] == "Warning"
+    for field_name in ("status.phase", "status.restarts", "status.replacing", "status.attempt"):
+        assert field_name in said["message"]
+    assert "status.training" not in said["message"].split(":")[0]
+
+
+def test_a_forged_replacing_list_makes_no_pod() -> None:
+    """Alone, a forged status.replacing (indices past spec.nodes) creates nothing."""
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        running = {"phase": "Running", "startTime": "2026-11-22T12:00:00Z"}
+        start(fake, controller, job_body(running), [pod(0), pod(1)])
+        await controller.reconcile(KEY)
+        forge(fake, controller, {"replacing": list(range(2, 42))})
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    assert not fake.made("POST", PODS)
+    assert fake.jobs[STATUS.removesuffix("/status")]["status"]["replacing"] == []
