@@ -278,6 +278,16 @@ def test_a_replacement_goes_on_without_counting_again() -> None:
     assert (back.actions, back.status.restarts, back.status.replacing) == ((), 3, [])
 
 
+def test_only_workers_of_the_job_other_than_worker_0_are_replaced() -> None:
+    """status.replacing as read may hold what the operator never wrote (an operator that has
+    just started reads what a worker's token forged): indices past nodes-1 are dropped,
+    never made pods."""
+    forged = attempt2(restarts=3, replacing=[1, 2, 7, 41])
+    decision = decide(job(forged), [up(0)], NOW)
+    assert decision.actions == (successor(1, "bar-worker-1"),)
+    assert decision.status.replacing == [1]
+
+
 def test_a_new_loss_beside_a_replacement_under_way_creates_each_successor_once() -> None:
     replacing = attempt2(restarts=2, replacing=[1])
     oom = pod(2, "Failed", attempt=2, exit_code=137, reason="OOMKilled")

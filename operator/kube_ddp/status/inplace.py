@@ -190,8 +190,12 @@ def go_on_replacing(
     """The next step of each replacement under way (those of `indices`, when given): delete
     the lost pod and create its successor at once, under the first name no pod of the job
     holds (`taken_names`: the lost one may hold its name for a while: a save on SIGTERM, a
-    kubelet yet to confirm); forget the replacement once the successor is there."""
-    chosen = draft.status.replacing if indices is None else indices
+    kubelet yet to confirm); forget the replacement once the successor is there. Only
+    workers 1..nodes-1 are ever replaced alone: another index read from the status was not
+    the operator's (status/trust.py) and is dropped."""
+    replaceable = range(1, job.spec.nodes)
+    under_way = [i for i in draft.status.replacing if i in replaceable]
+    chosen = under_way if indices is None else [i for i in indices if i in replaceable]
     left, successors, doomed = [], {}, []
     for index in chosen:
         pod = workers.get(index)
@@ -210,7 +214,7 @@ def go_on_replacing(
                 avoid_nodes=avoided_nodes(draft),
             )
         )
-    others = [i for i in draft.status.replacing if i not in chosen]
+    others = [i for i in under_way if i not in chosen]
     draft.update(replacing=sorted({*others, *left}))
 
 
