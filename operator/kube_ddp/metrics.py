@@ -7,6 +7,8 @@ labelled `job_namespace` and `job_name`: `namespace` and `job` are Prometheus' t
 
 from __future__ import annotations
 
+import logging
+import math
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
@@ -17,6 +19,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kube_ddp.api import JobStatus
+
+log = logging.getLogger(__name__)
 
 RECONCILE_ERRORS = Counter(
     "kubeddp_reconcile_errors", "Reconciles that failed (each is retried with a growing delay)"
@@ -69,7 +73,7 @@ class JobsByPhase(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily("kubeddp_jobs", "DDPTrainingJobs by phase", labels=["phase"])
-        tally = Tally((body.get("status") or {}).get("phase") or "New" for body in self._bodies())
+        tally = Tally(_phase(body) for body in self._bodies())
         for phase, count in sorted(tally.items()):
             family.add_metric([phase], count)
         yield family
@@ -109,18 +113,16 @@ class JobProgress(Collector):
             for key, (name, text) in PROGRESS.items()
         }
         for body in self._bodies():
-            meta, status = body.get("metadata", {}), body.get("status") or {}
-            labels = [meta.get("namespace", ""), meta.get("name", "")]
-            restarts.add_metric(labels, status.get("restarts", 0))
-            preemptions.add_metric(labels, status.get("preemptions", 0))
-            training = status.get("training") or {}
-            if status.get("phase") != "Running":
+            try:  # a job's values are a pod's to write: one job's bad ones cost its series only
+                samples = list(_job_samples(body, restarts, preemptions, reported, progress))
+            except (TypeError, ValueError, OverflowError, AttributeError) as error:
+                meta = body.get("metadata") or {}
+                log.warning(
+                    "metrics: %s/%s skipped: %s", meta.get("namespace"), meta.get("name"), error
+                )
                 continue
-            for key, family in progress.items():
-                if training.get(key) is not None:
-                    family.add_metric(labels, training[key])
-            if stamp := _timestamp(training.get("updatedAt")):
-                reported.add_metric(labels, stamp.timestamp())
+            for family, labels, value in samples:
+                family.add_metric(labels, value)
         yield restarts
         yield preemptions
         yield reported
@@ -135,8 +137,46 @@ def serve(port: int, bodies: Bodies) -> None:
         start_http_server(port)
 
 
+def _phase(body: dict[str, Any]) -> str:
+    status = body.get("status")
+    phase = status.get("phase") if isinstance(status, dict) else None
+    return phase if isinstance(phase, str) and phase else "New"
+
+
+def _job_samples(
+    body: dict[str, Any],
+    restarts: GaugeMetricFamily,
+    preemptions: GaugeMetricFamily,
+    reported: GaugeMetricFamily,
+    progress: dict[str, GaugeMetricFamily],
+) -> Iterator[tuple[GaugeMetricFamily, list[str], float]]:
+    """One job's samples, each a finite number (else the job is skipped whole)."""
+    meta, status = body.get("metadata", {}), body.get("status") or {}
+    labels = [str(meta.get("namespace", "")), str(meta.get("name", ""))]
+    yield restarts, labels, _number(status.get("restarts", 0))
+    yield preemptions, labels, _number(status.get("preemptions", 0))
+    training = status.get("training") or {}
+    if status.get("phase") != "Running":
+        return
+    for key, family in progress.items():
+        if training.get(key) is not None:
+            yield family, labels, _number(training[key])
+    if stamp := _timestamp(training.get("updatedAt")):
+        yield reported, labels, stamp.timestamp()
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not math.isfinite(number := float(value)):
+        raise ValueError(f"not a finite number: {value!r}")
+    return number
+
+
 def _timestamp(stamp: Any) -> datetime | None:
-    return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) if stamp else None
+    """An RFC 3339 time (either case: `z` and `t` are allowed), None if it has no zone."""
+    if not stamp:
+        return None
+    parsed = datetime.fromisoformat(str(stamp).upper().replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo is not None else None
 
 
 def _created_at(body: dict[str, Any]) -> datetime | None:

@@ -97,3 +97,42 @@ def test_a_preemption_is_counted_by_what_stopped_the_group() -> None:
     registry = scrape([job("vit", "Restarting", preemptions=3)])
     labels = {"job_namespace": "team-a", "job_name": "vit"}
     assert registry.get_sample_value("kubeddp_job_preemptions", labels) == 3
+
+
+def test_a_time_in_lower_case_is_read() -> None:
+    training = {"updatedAt": "2026-01-01t00:00:10z"}
+    registry = scrape([job("vit", "Running", training=training)])
+    labels = {"job_namespace": "team-a", "job_name": "vit"}
+    assert registry.get_sample_value("kubeddp_job_progress_timestamp_seconds", labels) == (
+        1767225610.0
+    )
+
+
+def test_one_jobs_bad_values_cost_that_jobs_series_only() -> None:
+    """The status is a pod's to write: a scrape never fails for one job's values, and that
+    job's series are left out whole (none half-written)."""
+    bad = [
+        {"updatedAt": "not a time"},
+        {"epoch": "three"},
+        {"imagesPerSec": float("inf")},
+    ]
+    bodies = [job(f"bad-{i}", "Running", restarts=1, training=t) for i, t in enumerate(bad)]
+    registry = scrape(
+        [*bodies, job("good", "Running", restarts=4), job("x", "Running", restarts={})]
+    )
+    assert (
+        registry.get_sample_value(
+            "kubeddp_job_restarts", {"job_namespace": "team-a", "job_name": "good"}
+        )
+        == 4
+    )
+    for i in range(len(bad)):
+        labels = {"job_namespace": "team-a", "job_name": f"bad-{i}"}
+        assert registry.get_sample_value("kubeddp_job_restarts", labels) is None
+
+
+def test_jobs_by_phase_survive_a_phase_that_is_not_a_word() -> None:
+    registry = CollectorRegistry()
+    bodies = [job("a", "Running"), job("b", ["Running"]), {"status": "x"}]  # type: ignore[arg-type]
+    registry.register(metrics.JobsByPhase(lambda: bodies))
+    assert registry.get_sample_value("kubeddp_jobs", {"phase": "Running"}) == 1
