@@ -123,7 +123,15 @@ def test_unschedulable_gang_is_named_in_status() -> None:
     job = make_job(nodes=3, accelerator=GPU, scheduling={"gang": {}})
     waiting = "pod group is unschedulable, waiting for minCount pods from a gang to be scheduled"
     pods = [
-        PodView(name=f"bar-worker-{i}", index=i, attempt=0, phase="Pending", unschedulable=waiting)
+        PodView(
+            name=f"bar-worker-{i}",
+            index=i,
+            attempt=0,
+            phase="Pending",
+            unschedulable=waiting,
+            owner_uid=job.metadata.uid,
+            owner_kind="DDPTrainingJob",
+        )
         for i in range(3)
     ]
     running = job.model_copy(update={"status": JobStatus(phase="Pending")})

@@ -196,6 +196,7 @@ class WorkerLaunch:
     argv: list[str]
     env: dict[str, str]  # the process's whole environment
     pod_env: dict[str, str]  # the part the pod spec defines (the env contract and spec.env)
+    owner_uid: str | None = None  # the job's, as the pod's controlling owner says
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,7 @@ def _launch(job: DDPTrainingJob, pod: dict[str, Any], local: LocalSettings) -> W
         argv=argv,
         env=env,
         pod_env=pod_env,
+        owner_uid=job.metadata.uid,
     )
 
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from kube_ddp import names
 from kube_ddp.local.plan import WorkerLaunch
 from kube_ddp.status import PodView
 
@@ -119,6 +120,8 @@ class LocalPod:
                 finished_at=self.finished_at,
                 scheduled=True,
                 created_at=self.created_at,
+                owner_uid=self.launch.owner_uid,
+                owner_kind=names.KIND,
             )
 
     def stop(self) -> None:

@@ -79,7 +79,10 @@ def decide_torchrun(
 ) -> None:
     status = draft.status
     attempt = status.current_attempt
-    ours = [p for p in observed if p.owner_uid in (None, job.metadata.uid)]
+    # Labels make no pod a worker: only pods a DDPTrainingJob controls count, this job's
+    # (ours) or an earlier job's of the same name (stale, below); any other is left alone.
+    observed = [p for p in observed if p.owner_kind == names.KIND]
+    ours = [p for p in observed if p.owner_uid == job.metadata.uid]
     # The newest pod of a worker is the worker (at a tie, the active one): a lost pod's last
     # event may be read after its successor's first, kopf keeping a queue per object.
     newest_last = sorted(ours, key=lambda p: (p.created_at or "", p.active))

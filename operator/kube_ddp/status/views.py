@@ -35,7 +35,8 @@ class PodView:
     creating_since: str | None = None
     # The kubelet's FailedMount Event while it is so: the shell reads it (`with_mount_failure`)
     cannot_mount: str | None = None
-    owner_uid: str | None = None
+    owner_uid: str | None = None  # its controlling owner's, as are the next
+    owner_kind: str | None = None
     role: str | None = None  # launcher mpi: the MPI Operator's "launcher" or "worker"
     created_at: str | None = None
     node: str | None = None  # spec.nodeName
@@ -83,6 +84,7 @@ class PodView:
             cannot_start=_cannot_start(status),
             creating_since=_creating_since(status, scheduled),
             owner_uid=owners[0].get("uid") if owners else None,
+            owner_kind=owners[0].get("kind") if owners else None,
             created_at=metadata.get("creationTimestamp"),
             node=pod.get("spec", {}).get("nodeName"),
             deletion_deadline=metadata.get("deletionTimestamp"),
@@ -113,6 +115,8 @@ class MPIJobView:
     conditions: Mapping[str, tuple[str, str, str]] = field(default_factory=dict)
     completed: bool = False  # completionTime is set: Succeeded or Failed for good
     created_at: datetime | None = None
+    uid: str | None = None
+    owner_uid: str | None = None  # its controlling owner's: the job that made it
 
     def true(self, type_: str) -> bool:
         return self.conditions.get(type_, ("False", "", ""))[0] == "True"
@@ -141,6 +145,11 @@ class MPIJobView:
             },
             completed=status.get("completionTime") is not None,
             created_at=_timestamp(metadata.get("creationTimestamp")),
+            uid=metadata.get("uid"),
+            owner_uid=next(
+                (o.get("uid") for o in metadata.get("ownerReferences", []) if o.get("controller")),
+                None,
+            ),
         )
 
 
