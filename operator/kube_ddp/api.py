@@ -13,7 +13,7 @@ import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -115,6 +115,10 @@ ACCELERATOR_BACKENDS: dict[str, str] = {
     "cpu": "gloo",
 }
 MAX_NODES = 1024
+# The longest duration a job may set (ten years): any time it is added to stays a date.
+MAX_SECONDS = 10 * 365 * 24 * 3600
+# The longest checkpoint save a report may give (a day): the grace period is fitted to it.
+MAX_SAVE_SECONDS = 24 * 3600
 MAX_PORT = 65535
 # `<name>-worker-<index>` must stay a 63-character DNS label (hostname) for up to 1024 nodes.
 MAX_NAME_LENGTH = 63 - len("-worker-") - len(str(MAX_NODES - 1))
@@ -274,11 +278,15 @@ class RunPolicy(Model):
         "trainer); other jobs are recreated.",
     )
     active_deadline_seconds: int | None = Field(
-        None, ge=1, description="Fail the job (DeadlineExceeded) this long after it started."
+        None,
+        ge=1,
+        le=MAX_SECONDS,
+        description="Fail the job (DeadlineExceeded) this long after it started.",
     )
     progress_deadline_seconds: int | None = Field(
         None,
         ge=names.MIN_PROGRESS_DEADLINE_SECONDS,
+        le=MAX_SECONDS,
         description="Restart the group (ProgressDeadlineExceeded) when rank 0 has not reported "
         "progress for this long while every worker runs; never before the attempt's first "
         f"report. At least {names.MIN_PROGRESS_DEADLINE_SECONDS} (twice the trainer's "
@@ -290,6 +298,7 @@ class RunPolicy(Model):
     unreachable_toleration_seconds: int = Field(
         names.DEFAULT_UNREACHABLE_TOLERATION_SECONDS,
         ge=0,
+        le=MAX_SECONDS,
         description="How long a worker stays on a node that stopped reporting (tainted "
         "node.kubernetes.io/unreachable or not-ready) before it is evicted and the group "
         "restarts elsewhere: the tolerationSeconds of the NoExecute tolerations kube-ddp adds "
@@ -297,7 +306,10 @@ class RunPolicy(Model):
         "job). A toleration of the template for either taint is kept instead.",
     )
     ttl_seconds_after_finished: int | None = Field(
-        None, ge=0, description="Delete the job this long after it Succeeded or Failed."
+        None,
+        ge=0,
+        le=MAX_SECONDS,
+        description="Delete the job this long after it Succeeded or Failed.",
     )
     clean_pod_policy: Literal["Running", "All", "None"] = Field(
         "Running",
@@ -1025,9 +1037,22 @@ ConditionType = Literal[
 
 
 class StatusModel(Model):
-    """Status is written by the operator and by the trainer; tolerate keys of other versions."""
+    """Status is written by the operator and by the trainer; tolerate keys of other versions.
+    A pod may write it, so every number is finite and every time has a zone and a UTC value."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _times_in_utc(cls, value: Any) -> Any:
+        if not isinstance(value, datetime):
+            return value
+        if value.tzinfo is None:
+            raise ValueError("a time needs a zone (RFC 3339: Z or an offset)")
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("a time out of the range of dates") from None
 
 
 class Condition(StatusModel):
@@ -1071,6 +1096,8 @@ class CheckpointProgress(StatusModel):
     saved_at: datetime | None = Field(None, description="When it was complete.")
     save_seconds: float | None = Field(
         None,
+        ge=0,
+        le=MAX_SAVE_SECONDS,
         description="How long the save took: the operator fits the workers' grace period to it.",
     )
 
@@ -1132,6 +1159,8 @@ class TrainingProgress(StatusModel):
     )
     longest_report_gap_seconds: float | None = Field(
         None,
+        ge=0,
+        le=MAX_SECONDS,
         description="The longest time between two of rank 0's reports, once an epoch ended: "
         "the default progress deadline is learned from it.",
     )
@@ -1246,6 +1275,7 @@ class JobStatus(StatusModel):
     workers: WorkerCounts | None = Field(None, description="Worker pods by phase.")
     restarts: int = Field(
         0,
+        ge=0,
         description="Restarts so far, of every kind: group restarts, ranks restarted in place, "
         "lost pods replaced.",
     )
@@ -1258,15 +1288,19 @@ class JobStatus(StatusModel):
     )
     in_place_restarts: int = Field(
         0,
+        ge=0,
         description="Restarts in place of this attempt counted in restarts (rankRestart.count "
         "seen so far).",
     )
-    replacing: list[int] = Field(
+    replacing: list[Annotated[int, Field(ge=1, lt=MAX_NODES)]] = Field(
         default_factory=list,
+        max_length=MAX_NODES,
         description="Workers (indices) of this attempt being replaced alone, already counted.",
     )
     preemptions: int = Field(
-        0, description="Times the group was preempted and resumed (never counted as restarts)."
+        0,
+        ge=0,
+        description="Times the group was preempted and resumed (never counted as restarts).",
     )
     last_preemption: Preemption | None = Field(None, description="The newest preemption.")
     start_time: datetime | None = Field(None, description="When the job was first started.")

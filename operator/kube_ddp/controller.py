@@ -60,7 +60,14 @@ from kube_ddp.status import (
     refuse,
     reject,
 )
-from kube_ddp.status.trust import overwritten_message, owned_fields, restore_owned
+from kube_ddp.status.trust import (
+    REPORTED_KEYS,
+    ignored_message,
+    overwritten_message,
+    owned_fields,
+    read_status,
+    restore_owned,
+)
 from kube_ddp.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -248,6 +255,10 @@ class Controller:
     # it holds from: its fields of the operator's own that differ in a newer body were written
     # by someone else (status/trust.py).
     decided: dict[Key, tuple[str | None, int, JobStatus]] = field(default_factory=dict)
+    # Per job: the status fields ignored and said so (once while they stay not valid),
+    # and the values of its own fields it could not read, which its next write replaces.
+    ignored_said: dict[Key, set[str]] = field(default_factory=dict)
+    unreadable: dict[Key, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.expectations = Expectations(self.config.expectation_timeout)
@@ -279,6 +290,8 @@ class Controller:
         self.held_until.pop(key, None)
         self.last_words.pop(key, None)
         self.decided.pop(key, None)
+        self.ignored_said.pop(key, None)
+        self.unreadable.pop(key, None)
 
     def pod_deleted(self, key: Key, pod: PodView) -> None:
         preempted = pod.phase == "Failed" and pod.exit_code == names.EXIT_PREEMPTED
@@ -307,7 +320,7 @@ class Controller:
         if body is None:
             return
         now = utcnow()
-        read = JobStatus.model_validate(body.get("status") or {})
+        body, read = await self._readable(key, body)
         body, status, overwritten = self._trusted(key, body, read)
         await self._say_overwritten(key, body, overwritten)
         try:
@@ -366,6 +379,29 @@ class Controller:
             return
         self.held_until.pop(key, None)
         await self._apply(key, body, read, decision)
+
+    async def _readable(self, key: Key, body: dict[str, Any]) -> tuple[dict[str, Any], JobStatus]:
+        """`body` less the status fields that are not valid, and its status: those fields are
+        said once on the job; the operator's own are written again at its next write."""
+        raw = body.get("status")
+        read, dropped = read_status(raw)
+        if not dropped:
+            self.ignored_said.pop(key, None)
+            self.unreadable.pop(key, None)
+            return body, read
+        stored = raw if isinstance(raw, Mapping) else {}
+        self.unreadable[key] = {
+            k: stored[k] for k in dropped if k in stored and k not in REPORTED_KEYS
+        }
+        said = self.ignored_said.get(key, set()) & dropped.keys()
+        self.ignored_said[key] = said | dropped.keys()
+        if new := {k: why for k, why in dropped.items() if k not in said}:
+            message = ignored_message(new)
+            log.warning("%s/%s: %s", *key, message)
+            event = build_event(body, "Warning", Reason.STATUS_IGNORED, message, utcnow())
+            await self.kube.create(event)
+        status = read.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return {**body, "status": status}, read
 
     def _trusted(
         self, key: Key, body: dict[str, Any], read: JobStatus
@@ -450,8 +486,8 @@ class Controller:
             updated = await self.kube.patch(job_path(*key), step.job_patch)
             if updated is not None:
                 self.jobs.offer(key, updated)
-                read = JobStatus.model_validate(updated.get("status") or {})
-                body, _, _ = self._trusted(key, updated, read)
+                body, read = await self._readable(key, updated)
+                body, _, _ = self._trusted(key, body, read)
                 job = load_job(body)
         if step.create_workload:
             priority = None
@@ -593,7 +629,8 @@ class Controller:
     ) -> None:
         """Write the status if it changed, post the decision's events, schedule timed rules."""
         namespace, name = key
-        written, known = owned_fields(decision.status), owned_fields(before)
+        written = owned_fields(decision.status)
+        known = owned_fields(before) | self.unreadable.get(key, {})
         uid = body["metadata"].get("uid")
         if written != known:
             patch = _merge_patch(known, written)

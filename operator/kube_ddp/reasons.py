@@ -65,6 +65,9 @@ class Reason(StrEnum):
     # Warning Event: someone other than the operator changed a status field the operator owns
     # (status/trust.py); the operator's own record of it is restored
     STATUS_OVERWRITTEN = "StatusOverwritten"
+    # Warning Event: status fields that are not valid (a number out of range, a time without a
+    # zone), ignored; the operator's own are written again
+    STATUS_IGNORED = "StatusIgnored"
 
 
 class PodReason(StrEnum):

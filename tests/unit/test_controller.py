@@ -65,6 +65,7 @@ def pod(index: int, phase: str = "Running", attempt: int = 0, **fields: Any) -> 
         phase=phase,
         scheduled=True,
         owner_uid=UID,
+        owner_kind="DDPTrainingJob",
         **fields,
     )
 
@@ -677,7 +678,7 @@ def test_a_forged_status_is_restored_and_said_on_the_job() -> None:
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, job_body(running), [pod(0), pod(1)])
         await controller.reconcile(KEY)
-        forged = {"phase": "Succeeded", "restarts": -1000, "replacing": list(range(2, 42))}
+        forged = {"phase": "Succeeded", "restarts": 7, "replacing": list(range(2, 42))}
         forge(fake, controller, {**forged, "attempt": 3, "training": training})
         await controller.reconcile(KEY)
         await controller.reconcile(KEY)  # said once: the restored status stands
@@ -714,3 +715,26 @@ def test_a_forged_replacing_list_makes_no_pod() -> None:
     fake = run(scenario)
     assert not fake.made("POST", PODS)
     assert fake.jobs[STATUS.removesuffix("/status")]["status"]["replacing"] == []
+
+
+def test_a_status_field_that_is_not_valid_is_ignored_said_once_and_the_job_goes_on() -> None:
+    """A report with a time of no zone, or a count of the operator's out of range: the field
+    is read as absent, one Warning names it, the operator's own is written again, and the
+    reconcile does what it would have done (no error, no retry loop)."""
+    training = {"epoch": 2, "updatedAt": "2026-11-22T12:00:00"}
+    status = {"phase": "Starting", "restarts": -5, "training": training}
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body(status), [pod(0), pod(1)])
+        await controller.reconcile(KEY)
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    stored = fake.jobs[STATUS.removesuffix("/status")]["status"]
+    assert (stored["phase"], stored["restarts"]) == ("Running", 0)
+    assert stored["training"] == training  # a pod's report is the pods' to correct
+    assert event_reasons(fake) == [Reason.STATUS_IGNORED, Reason.WORKERS_RUNNING]
+    (said,) = [c.body for c in fake.made("POST", "/events") if c.body["reason"] == "StatusIgnored"]
+    assert said["type"] == "Warning"
+    assert "status.restarts: Input should be greater than or equal to 0" in said["message"]
+    assert "status.training.updatedAt: a time needs a zone" in said["message"]

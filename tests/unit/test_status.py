@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from kube_ddp import names
-from kube_ddp.api import DDPTrainingJob, JobStatus
+from kube_ddp.api import MAX_SECONDS, DDPTrainingJob, JobStatus
 from kube_ddp.reasons import Reason
 from kube_ddp.status import (
     CreateWorkers,
@@ -47,6 +48,7 @@ def job(status: dict[str, Any] | None = None, **spec: Any) -> DDPTrainingJob:
 def pod(index: int, phase: str = "Running", attempt: int = 0, **fields: Any) -> PodView:
     fields.setdefault("scheduled", phase != "Pending")
     fields.setdefault("owner_uid", UID)
+    fields.setdefault("owner_kind", "DDPTrainingJob")
     return PodView(name=f"bar-worker-{index}", index=index, attempt=attempt, phase=phase, **fields)
 
 
@@ -122,7 +124,9 @@ def test_a_container_the_kubelet_cannot_start_is_said_once_and_cleared() -> None
             ],
         },
     }
-    stuck = dataclasses.replace(PodView.from_pod(stuck_pod), index=1, attempt=0, owner_uid=UID)
+    stuck = dataclasses.replace(
+        PodView.from_pod(stuck_pod), index=1, attempt=0, owner_uid=UID, owner_kind="DDPTrainingJob"
+    )
     said = f"container trainer: CreateContainerConfigError: {ROOT_IMAGE}: the image's user is root"
     assert stuck.cannot_start.startswith(said)
     assert "template.securityContext.runAsUser: 0" in stuck.cannot_start  # the field to set
@@ -166,11 +170,17 @@ def test_a_worker_still_creating_its_containers_is_looked_at_for_mount_failures(
     assert fresh.creating_since == (NOW - timedelta(seconds=4)).isoformat()
     assert not mount_look_due(fresh, NOW)
     assert mount_look_due(PodView.from_pod(creating_pod(10)), NOW)
-    fresh = dataclasses.replace(fresh, index=1, attempt=0, owner_uid=UID)
+    fresh = dataclasses.replace(
+        fresh, index=1, attempt=0, owner_uid=UID, owner_kind="DDPTrainingJob"
+    )
     decision = decide(job({"phase": "Pending"}), [pod(0), fresh], NOW)
     assert decision.requeue_after == pytest.approx(names.MOUNT_LOOK_AFTER_SECONDS - 4)
     late = dataclasses.replace(
-        PodView.from_pod(creating_pod(60)), index=1, attempt=0, owner_uid=UID
+        PodView.from_pod(creating_pod(60)),
+        index=1,
+        attempt=0,
+        owner_uid=UID,
+        owner_kind="DDPTrainingJob",
     )
     decision = decide(job({"phase": "Pending"}), [pod(0), late], NOW)
     assert decision.requeue_after == names.MOUNT_RELOOK_SECONDS
@@ -197,6 +207,7 @@ def test_a_volume_the_kubelet_cannot_mount_is_said_once_with_the_fix_and_cleared
         index=1,
         attempt=0,
         owner_uid=UID,
+        owner_kind="DDPTrainingJob",
         cannot_mount=MISSING_CONFIGMAP,
     )
     first = decide(job({"phase": "Pending"}), [pod(0), stuck], NOW)
@@ -997,7 +1008,7 @@ def test_pod_view_reads_a_real_pod() -> None:
         "metadata": {
             "name": "bar-worker-1",
             "labels": {"kubeddp.io/replica-index": "1", "kubeddp.io/attempt": "2"},
-            "ownerReferences": [{"uid": UID, "controller": True}],
+            "ownerReferences": [{"kind": "DDPTrainingJob", "uid": UID, "controller": True}],
             "deletionTimestamp": "2026-11-22T12:00:00Z",
         },
         "spec": {"nodeName": "gpu-0"},
@@ -1030,6 +1041,7 @@ def test_pod_view_reads_a_real_pod() -> None:
         finished_at="2026-11-22T11:00:00Z",
         scheduled=True,
         owner_uid=UID,
+        owner_kind="DDPTrainingJob",
         node="gpu-0",
         deletion_deadline="2026-11-22T12:00:00Z",
     )
@@ -1109,3 +1121,53 @@ def test_pod_view_reads_a_disruption() -> None:
     view = PodView.from_pod(raw)
     assert (view.phase, view.reason, view.exit_code) == ("Failed", "DeletionByPodGC", None)
     assert view.message == "PodGC: node no longer exists"
+
+
+LAST_DATE = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
+def test_times_at_the_ends_of_the_calendar_with_the_longest_durations_decide() -> None:
+    """Every duration the spec allows, added to any time a status may hold: a decision, a
+    requeue, never an OverflowError."""
+    longest = {"activeDeadlineSeconds": MAX_SECONDS, "progressDeadlineSeconds": MAX_SECONDS}
+    training = report(0) | {"updatedAt": LAST_DATE}
+    status = running(training=training) | {"startTime": LAST_DATE}
+    decision = decide(job(status, runPolicy=longest), STALL_PODS, NOW)
+    assert decision.status.phase == "Running"
+    assert decision.requeue_after is not None and decision.requeue_after > MAX_SECONDS
+    finished = {"phase": "Succeeded", "completionTime": LAST_DATE}
+    ttl = {"ttlSecondsAfterFinished": MAX_SECONDS}
+    assert decide(job(finished, runPolicy=ttl), [], NOW).actions == ()
+    ancient = {"phase": "Succeeded", "completionTime": datetime(1, 1, 1, tzinfo=UTC)}
+    assert decide(job(ancient, runPolicy=ttl), [], NOW).actions == (DeleteJob(),)
+
+
+@pytest.mark.parametrize(
+    "run_policy",
+    [
+        {"activeDeadlineSeconds": MAX_SECONDS + 1},
+        {"progressDeadlineSeconds": 10**15},
+        {"ttlSecondsAfterFinished": 10**15},
+        {"unreachableTolerationSeconds": 10**15},
+    ],
+)
+def test_durations_past_ten_years_are_refused(run_policy: dict[str, int]) -> None:
+    with pytest.raises(ValidationError, match="less than or equal to 315360000"):
+        job(runPolicy=run_policy)
+
+
+@pytest.mark.parametrize(
+    "owner",
+    [{"owner_uid": None, "owner_kind": None}, {"owner_uid": UID, "owner_kind": "ReplicaSet"}],
+    ids=["no owner", "another kind's"],
+)
+def test_a_pod_labelled_as_a_worker_is_not_one_unless_the_job_controls_it(
+    owner: dict[str, Any],
+) -> None:
+    """Labels make no pod a worker: one that exits 0 under worker 0's labels ends nothing,
+    and, not the job's, is not the job's to delete."""
+    impostor = pod(0, "Succeeded", exit_code=0, **owner)
+    decision = decide(job(running()), [impostor, pod(1)], NOW)
+    assert decision.status.phase != "Succeeded"
+    deleted = [n for a in decision.actions if isinstance(a, DeletePods) for n in a.names]
+    assert impostor.name not in deleted

@@ -143,7 +143,7 @@ def force_delete_overdue(draft: Draft, pods: Iterable[PodView]) -> None:
         if pod.deletion_deadline is None:
             continue
         deadline = datetime.fromisoformat(pod.deletion_deadline)
-        left = (deadline + timedelta(seconds=NODE_SILENCE_SECONDS) - draft.now).total_seconds()
+        left = NODE_SILENCE_SECONDS - (draft.now - deadline).total_seconds()
         if left <= 0 or node_lost(pod) is not None:
             overdue.append(pod)
         else:

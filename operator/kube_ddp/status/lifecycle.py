@@ -45,7 +45,8 @@ def peers_grace_left(status: JobStatus, now: datetime) -> float:
     themselves (`PEERS_END_GRACE`); 0 for a job that failed or is not finished."""
     if status.phase != "Succeeded" or status.completion_time is None:
         return 0.0
-    return max((status.completion_time + PEERS_END_GRACE - now).total_seconds(), 0.0)
+    elapsed = (now - status.completion_time).total_seconds()
+    return max(PEERS_END_GRACE.total_seconds() - elapsed, 0.0)
 
 
 def preempting(status: JobStatus) -> bool:
@@ -242,7 +243,7 @@ def deadline_exceeded(draft: Draft, job: DDPTrainingJob) -> str | None:
     started = draft.status.start_time
     if deadline is None or started is None:
         return None
-    left = (started + timedelta(seconds=deadline) - draft.now).total_seconds()
+    left = deadline - (draft.now - started).total_seconds()
     if left > 0:
         draft.requeue(left)
         return None
@@ -300,7 +301,7 @@ def progress_stalled(
     created = [datetime.fromisoformat(p.created_at) for p in workers.values() if p.created_at]
     if not created or training.updated_at < max(created):
         return None
-    left = (training.updated_at + timedelta(seconds=seconds) - draft.now).total_seconds()
+    left = seconds - (draft.now - training.updated_at).total_seconds()
     if left > 0:
         draft.requeue(left)
         return None
@@ -350,7 +351,7 @@ def after_finish(draft: Draft, job: DDPTrainingJob, group: Group) -> None:
     ttl = policy.ttl_seconds_after_finished
     finished = draft.status.completion_time
     if ttl is not None and finished is not None:
-        left = (finished + timedelta(seconds=ttl) - draft.now).total_seconds()
+        left = ttl - (draft.now - finished).total_seconds()
         if left <= 0:
             draft.actions.append(DeleteJob())
         else:
