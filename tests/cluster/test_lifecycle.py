@@ -214,7 +214,7 @@ def test_a_workers_token_cannot_steer_the_job(
     jobs.wait_phase("steered", "Running")
     token = service_account_token(cluster, jobs.namespace, "steered-trainer")
     worker = kubernetes.client.CustomObjectsApi(cluster.client_with_token(token))
-    forged = {"replacing": list(range(2, 42)), "phase": "Succeeded", "restarts": -1000}
+    forged = {"replacing": list(range(2, 42)), "phase": "Succeeded", "restarts": 7}
     worker.patch_namespaced_custom_object_status(
         names.GROUP, names.VERSION, jobs.namespace, names.PLURAL, "steered", {"status": forged}
     )

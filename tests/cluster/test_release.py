@@ -19,7 +19,7 @@ from tests.cluster.helm_support import CHART, Helm
 
 
 def test_helm_template_needs_no_kube_version(offline_helm: Helm) -> None:
-    """The chart's kubeVersion (>=1.29) holds for the Kubernetes helm assumes offline."""
+    """The chart's kubeVersion (>=1.30) holds for the Kubernetes helm assumes offline."""
     rendered = offline_helm.run("template", "kube-ddp", str(CHART)).stdout
     kinds = [d["kind"] for d in yaml.safe_load_all(rendered) if d]
     assert "Deployment" in kinds

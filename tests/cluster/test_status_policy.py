@@ -1,0 +1,78 @@
+"""The status policy (kube_ddp/status_policy.py) on the real API server: a worker's own token
+may report progress and nothing else, whether or not an operator is there to restore what it
+would forge; the operator's account writes the rest."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import kubernetes
+import pytest
+
+from kube_ddp import names, status_policy
+from tests.cluster.operator_support import Jobs, OperatorProcess, job_manifest
+from tests.cluster.support import Cluster, wait_for
+from tests.cluster.test_lifecycle import epoch_3_report, service_account_token
+
+
+def username(api: kubernetes.client.ApiClient) -> str:
+    """Who the API server takes `api`'s credentials for (a SelfSubjectReview)."""
+    review = kubernetes.client.AuthenticationV1Api(api).create_self_subject_review(
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    )
+    return str(review.status.user_info.username)
+
+
+@pytest.fixture
+def policy(cluster: Cluster, namespace: str) -> Iterator[str]:
+    """The policy for this namespace, the tests' operator (the admin client's user) exempt."""
+    name = f"kube-ddp-status-{namespace}"
+    admission = kubernetes.client.AdmissionregistrationV1Api(cluster.api)
+    admission.create_validating_admission_policy(status_policy.policy(name, username(cluster.api)))
+    admission.create_validating_admission_policy_binding(status_policy.binding(name, namespace))
+    try:
+        yield name
+    finally:
+        admission.delete_validating_admission_policy_binding(name)
+        admission.delete_validating_admission_policy(name)
+
+
+def patch_status(api: Any, jobs: Jobs, name: str, status: dict[str, Any]) -> None:
+    api.patch_namespaced_custom_object_status(
+        names.GROUP, names.VERSION, jobs.namespace, names.PLURAL, name, {"status": status}
+    )
+
+
+def refusal(api: Any, jobs: Jobs, name: str, status: dict[str, Any]) -> str | None:
+    """The API server's words refusing the write, or None where it took it."""
+    try:
+        patch_status(api, jobs, name, status)
+    except kubernetes.client.ApiException as error:
+        assert error.status == 403, error.body
+        return str(error.body)
+    return None
+
+
+def test_a_workers_token_may_report_progress_and_nothing_else(
+    cluster: Cluster, jobs: Jobs, policy: str, operator: OperatorProcess
+) -> None:
+    jobs.create(job_manifest("guarded", nodes=2))
+    jobs.wait_phase("guarded", "Running")  # the operator's own writes pass
+    token = service_account_token(cluster, jobs.namespace, "guarded-trainer")
+    worker = kubernetes.client.CustomObjectsApi(cluster.client_with_token(token))
+    # a new policy is in force within a second or two of its creation
+    said = wait_for(
+        lambda: refusal(worker, jobs, "guarded", {"phase": "Succeeded"}),
+        "the policy to refuse a forged phase",
+    )
+    assert "status.phase is written by the kube-ddp operator only" in said
+    for forged in ({"replacing": [1]}, {"restarts": 5}, {"attempt": 3}, {"failure": {"pod": "x"}}):
+        assert refusal(worker, jobs, "guarded", forged) is not None, forged
+    assert refusal(worker, jobs, "guarded", epoch_3_report()["status"]) is None
+    rank_restart = {"attempt": 0, "count": 1, "pod": "guarded-worker-1", "rank": 1}
+    assert refusal(worker, jobs, "guarded", {"rankRestart": rank_restart}) is None
+    status = jobs.status("guarded")
+    assert (status["phase"], status["training"]["epoch"]) == ("Running", 3)
+    jobs.end_worker("guarded-worker-0", 0)
+    jobs.wait_phase("guarded", "Succeeded")  # and so do the operator's to the end

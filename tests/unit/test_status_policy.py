@@ -1,0 +1,36 @@
+"""The status policy's rules (kube_ddp/status_policy.py), against the models: every field the
+operator owns is guarded, the pods' reports are not. tests/cluster/test_status_policy.py runs
+it on the real API server."""
+
+from __future__ import annotations
+
+from kube_ddp import status_policy
+from kube_ddp.api import JobStatus
+
+
+def test_every_status_field_but_the_reports_is_guarded() -> None:
+    keys = status_policy.owned_keys()
+    every = {field.alias for field in JobStatus.model_fields.values()}
+    assert set(keys) == every - {"training", "rankRestart"}
+    expressions = [v["expression"] for v in status_policy.validations()]
+    assert "object.?status.?phase == oldObject.?status.?phase" in expressions
+    assert len(expressions) == len(keys)
+
+
+def test_only_the_operators_user_is_exempt() -> None:
+    policy = status_policy.policy("p", "system:serviceaccount:kube-ddp:it's")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == (
+        "request.userInfo.username != 'system:serviceaccount:kube-ddp:it\\'s'"
+    )
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["resources"], rule["operations"]) == (["ddptrainingjobs/status"], ["UPDATE"])
+    assert policy["spec"]["failurePolicy"] == "Fail"
+
+
+def test_a_binding_may_hold_for_one_namespace() -> None:
+    assert "matchResources" not in status_policy.binding("p")["spec"]
+    scoped = status_policy.binding("p", "team-a")["spec"]["matchResources"]
+    assert scoped == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
+    }
