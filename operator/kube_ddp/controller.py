@@ -116,6 +116,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
+# A reconcile failing this many times in a row says so on the job, with the error's first line
+# cut at ERROR_LINE_LENGTH characters.
+FAILURES_SAID = 3
+ERROR_LINE_LENGTH = 300
+
+
 def retry_delay(failures: int) -> float:
     """Seconds before the next try after `failures` failed reconciles in a row."""
     return float(min(FIRST_RETRY_DELAY * 2 ** (failures - 1), MAX_RETRY_DELAY))
@@ -259,6 +265,8 @@ class Controller:
     # and the values of its own fields it could not read, which its next write replaces.
     ignored_said: dict[Key, set[str]] = field(default_factory=dict)
     unreadable: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    # The first line of the error a failing reconcile last said on the job (`_say_failing`).
+    failing_said: dict[Key, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.expectations = Expectations(self.config.expectation_timeout)
@@ -292,6 +300,7 @@ class Controller:
         self.decided.pop(key, None)
         self.ignored_said.pop(key, None)
         self.unreadable.pop(key, None)
+        self.failing_said.pop(key, None)
 
     def pod_deleted(self, key: Key, pod: PodView) -> None:
         preempted = pod.phase == "Failed" and pod.exit_code == names.EXIT_PREEMPTED
@@ -526,12 +535,35 @@ class Controller:
             metrics.RECONCILE_ERRORS.inc()
             log.warning("reconciling %s/%s failed (%s); retrying in %.1fs", *key, error, delay)
             self.queue.add(key, after=delay)
+            if failures >= FAILURES_SAID:
+                await self._say_failing(key, error, failures, delay)
         else:
             if key not in self.held_until:  # a held reconcile keeps the backoff growing
                 self.failures.pop(key, None)
+            self.failing_said.pop(key, None)
             if key not in self.synced:
                 self.synced.add(key)
                 metrics.JOBS_SYNCED.inc()
+
+    async def _say_failing(self, key: Key, error: Exception, failures: int, delay: float) -> None:
+        """A Warning on the job once its reconcile has failed the same way FAILURES_SAID times
+        in a row (again when the error changes): a retry loop is never silent."""
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        first_line = first_line[:ERROR_LINE_LENGTH]
+        body = self.jobs.get(key)
+        if body is None or self.failing_said.get(key) == first_line:
+            return
+        self.failing_said[key] = first_line
+        message = (
+            f"reconciling this job failed {failures} times in a row, the last with: "
+            f"{first_line}; retrying every {delay:.0f}s at most"
+        )
+        try:
+            await self.kube.create(
+                build_event(body, "Warning", Reason.RECONCILE_FAILING, message, utcnow())
+            )
+        except Exception as failed:  # the API server may be what fails: the log still says it
+            log.warning("%s/%s: could not post %s: %s", *key, Reason.RECONCILE_FAILING, failed)
 
     async def _act(
         self, key: Key, body: dict[str, Any], job: DDPTrainingJob, action: Action

@@ -68,6 +68,8 @@ class Reason(StrEnum):
     # Warning Event: status fields that are not valid (a number out of range, a time without a
     # zone), ignored; the operator's own are written again
     STATUS_IGNORED = "StatusIgnored"
+    # Warning Event: the job's reconcile failed the same way several times in a row (retried)
+    RECONCILE_FAILING = "ReconcileFailing"
 
 
 class PodReason(StrEnum):

@@ -738,3 +738,21 @@ def test_a_status_field_that_is_not_valid_is_ignored_said_once_and_the_job_goes_
     assert said["type"] == "Warning"
     assert "status.restarts: Input should be greater than or equal to 0" in said["message"]
     assert "status.training.updatedAt: a time needs a zone" in said["message"]
+
+
+def test_a_reconcile_failing_again_and_again_says_so_on_the_job_once() -> None:
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        controller.queue.add = lambda key, after=0.0: None  # type: ignore[method-assign]
+        start(fake, controller, job_body())
+        fake.answer("POST", "/services$", 500, "etcdserver: request timed out\nmore", times=5)
+        for _ in range(5):
+            await controller.reconcile_or_retry(KEY)
+        await controller.reconcile_or_retry(KEY)  # the server answers again
+
+    fake = run(scenario)
+    said = [c.body for c in fake.made("POST", "/events") if c.body["reason"] == "ReconcileFailing"]
+    (failing,) = said
+    assert failing["type"] == "Warning"
+    assert failing["message"].startswith("reconciling this job failed 3 times in a row, the last")
+    assert "etcdserver: request timed out" in failing["message"]
+    assert "more" not in failing["message"]
