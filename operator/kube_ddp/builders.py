@@ -24,6 +24,32 @@ from kube_ddp.api import (
 )
 
 SHM_VOLUME = "dshm"
+# The workers' ServiceAccount token, short-lived and rotated by the kubelet, with the cluster's
+# CA: what Kubernetes' automount gives, mounted in the worker container only.
+TOKEN_VOLUME = "kube-ddp-token"
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_SECONDS = 3600
+TOKEN_VOLUME_SOURCE: Obj = {
+    "name": TOKEN_VOLUME,
+    "projected": {
+        "sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": TOKEN_SECONDS}},
+            {
+                "configMap": {
+                    "name": "kube-root-ca.crt",
+                    "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                }
+            },
+            {
+                "downwardAPI": {
+                    "items": [
+                        {"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}
+                    ]
+                }
+            },
+        ]
+    },
+}
 # Intel Gaudi needs host IPC, huge pages and SYS_NICE (Habana's own job examples).
 # What Intel's own Gaudi jobs ask for (docs.habana.ai, "Running Workloads on Kubernetes": 8 or
 # 1 card(s), memory 409Gi, hugepages-2Mi 95000Mi; the Voyager reference jobs likewise). Habana's
@@ -394,6 +420,9 @@ def _container(
     if not _mounts_shm(spec):
         # DataLoader workers and NCCL/HCCL share tensors through /dev/shm; 64Mi is too small.
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    # The token rank 0 reports with, at the path Kubernetes' own mount has: in this container
+    # only (`_pod_spec` mounts no other).
+    mounts.append({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
     container["volumeMounts"] = mounts
     container.update(container_settings(spec, worker=True))
     return container
@@ -492,6 +521,8 @@ def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
     volumes += [{"name": v, "emptyDir": {}} for v in writable_dirs(spec)]
     if not _mounts_shm(spec):
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    if any(m["name"] == TOKEN_VOLUME for c in containers for m in c.get("volumeMounts", [])):
+        volumes.append(TOKEN_VOLUME_SOURCE)
     tolerations = list(template.tolerations)
     device = spec.accelerator.resource
     if device is not None:
@@ -500,6 +531,9 @@ def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
     pod: Obj = {
         "restartPolicy": "Never",  # restarts are the operator's: the whole group at once
         "enableServiceLinks": False,
+        # The account's token goes to the worker container alone (TOKEN_VOLUME), not to init
+        # containers, sidecars or an MPI launcher.
+        "automountServiceAccountToken": False,
         "containers": containers,
         "volumes": volumes,
     }

@@ -14,6 +14,7 @@ from kube_ddp.api import JobStatus
 from kube_ddp.builders import (
     RESTRICTED_CONTAINER_CONTEXT,
     RESTRICTED_POD_CONTEXT,
+    TOKEN_DIR,
     BuildSettings,
     node_lost_tolerations,
     trainer_image,
@@ -454,8 +455,12 @@ def test_template_is_merged_and_operator_fields_are_kept() -> None:
     assert spec["nodeSelector"] == {"pool": "a100"}
     assert spec["tolerations"][0]["key"] == "dedicated"
     assert spec["tolerations"][1]["key"] == "nvidia.com/gpu"
-    assert [v["name"] for v in spec["volumes"]] == ["data", "dshm"]
-    assert [m["mountPath"] for m in container_of(pod)["volumeMounts"]] == ["/data", "/dev/shm"]
+    assert [v["name"] for v in spec["volumes"]] == ["data", "dshm", "kube-ddp-token"]
+    assert [m["mountPath"] for m in container_of(pod)["volumeMounts"]] == [
+        "/data",
+        "/dev/shm",
+        TOKEN_DIR,
+    ]
     assert spec["priorityClassName"] == "high"
     assert spec["schedulerName"] == "volcano"
     assert spec["serviceAccountName"] == "trainer"
@@ -476,7 +481,12 @@ def _mounts(pod: dict[str, Any]) -> dict[str, str]:
 def test_trainer_dirs_without_a_volume_get_an_emptydir_the_image_user_can_write() -> None:
     trainer = {"dataset": "mnist", "dataDir": "/data", "checkpointDir": "/ckpt"}
     pod = worker({"nodes": 2, "trainer": trainer})
-    assert _mounts(pod) == {"/data": "ddp-data", "/ckpt": "ddp-checkpoints", "/dev/shm": "dshm"}
+    assert _mounts(pod) == {
+        "/data": "ddp-data",
+        "/ckpt": "ddp-checkpoints",
+        "/dev/shm": "dshm",
+        TOKEN_DIR: "kube-ddp-token",
+    }
     empty = {v["name"] for v in pod["spec"]["volumes"] if v.get("emptyDir") == {}}
     assert empty == {"ddp-data", "ddp-checkpoints"}
     assert pod["spec"]["securityContext"]["fsGroup"] == 10001
@@ -510,7 +520,7 @@ def test_own_command_gets_no_emptydir_and_own_fsgroup_is_kept() -> None:
         "template": {"securityContext": {"fsGroup": 2000}},
     }
     pod = worker(spec)
-    assert set(_mounts(pod)) == {"/dev/shm"}
+    assert set(_mounts(pod)) == {"/dev/shm", TOKEN_DIR}
     assert pod["spec"]["securityContext"] == {**RESTRICTED_POD_CONTEXT, "fsGroup": 2000}
 
 
@@ -520,7 +530,7 @@ def test_own_dev_shm_mount_replaces_ours() -> None:
         "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
     }
     pod = worker({"nodes": 1, "template": template})
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["shm"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["shm", "kube-ddp-token"]
 
 
 def test_trainer_options_become_flags() -> None:
@@ -974,7 +984,7 @@ def test_the_mpi_launcher_gets_the_templates_placement_but_not_the_data() -> Non
     assert container["resources"] == {"requests": LAUNCHER_REQUESTS}  # no device
     assert "hostIPC" not in launcher and "tolerations" not in launcher
     worker_pod = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
-    assert {v["name"] for v in worker_pod["volumes"]} == {"data", "tools", "dshm"}
+    assert {v["name"] for v in worker_pod["volumes"]} == {"data", "tools", "dshm", "kube-ddp-token"}
 
 
 def test_the_mpi_workers_get_the_writable_dirs_and_the_launcher_does_not() -> None:
@@ -1117,3 +1127,24 @@ def test_pods_after_a_node_fault_prefer_other_nodes_beside_the_templates_affinit
         == 1
     )  # the template is left as it was
     assert "affinity" not in worker({"nodes": 1})["spec"]
+
+
+def test_the_token_is_in_the_worker_container_only() -> None:
+    """Kubernetes' automount would put the account's token in every container (init
+    containers, sidecars): the workers mount a short-lived one in the container that
+    reports, and the MPI launcher none."""
+    template = {"initContainers": [{"name": "fetch", "image": "busybox"}]}
+    pod = worker({"nodes": 2, "template": template})["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    (token,) = [v for v in pod["volumes"] if v["name"] == "kube-ddp-token"]
+    sources = token["projected"]["sources"]
+    assert sources[0] == {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}}
+    assert _mounts({"spec": pod})[TOKEN_DIR] == "kube-ddp-token"
+    (init,) = pod["initContainers"]
+    assert "volumeMounts" not in init
+    mpijob = build_mpijob(make_job(nodes=2, launcher="mpi"), 0, BuildSettings())
+    launcher = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    assert launcher["automountServiceAccountToken"] is False
+    assert "kube-ddp-token" not in {v["name"] for v in launcher["volumes"]}
+    workers = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert "kube-ddp-token" in {v["name"] for v in workers["volumes"]}
