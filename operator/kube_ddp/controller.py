@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -41,6 +41,7 @@ from kube_ddp.launchers import Launcher, build_children, kueue_pods, launcher_of
 from kube_ddp.launchers.mpi import build_mpijob, mpi_admission_probes, mpijob_placement
 from kube_ddp.reasons import Reason
 from kube_ddp.status import (
+    KIND_LOOK_SECONDS,
     UNDER_WAY,
     Action,
     CreateWorkers,
@@ -59,6 +60,7 @@ from kube_ddp.status import (
     node_lost,
     refuse,
     reject,
+    wait_for_kind,
 )
 from kube_ddp.status.trust import (
     REPORTED_KEYS,
@@ -73,12 +75,12 @@ from kube_ddp.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, job name)
 PodIndex = Mapping[Key, Iterable[PodView]]
-# kopf looks up the kinds it watches once, when it starts: an MPIJob kind that appears later
-# is not watched until kube-ddp restarts, and its jobs could not be followed.
+# kopf watches the MPIJob kind once its CRD is there (handlers.configure): until then a
+# launcher mpi job could not be followed, and waits.
 MPI_OPERATOR_MISSING = (
     f"launcher mpi needs the MPI Operator ({names.MPIJOB_API_VERSION} {names.MPIJOB_KIND}), "
-    "whose kind this cluster did not serve when kube-ddp started: install the MPI Operator, "
-    "then restart kube-ddp; or use launcher: torchrun"
+    "whose kind this cluster does not serve: the job waits until it does (install the MPI "
+    "Operator), or use launcher: torchrun"
 )
 # Children that need no other to exist: created first, together (see `Controller._act`).
 FIRST_ROUND_KINDS = frozenset(
@@ -244,6 +246,10 @@ class Controller:
     # Whether kopf watches MPIJobs: it looks up the kinds it watches once, when it starts.
     watches_mpijobs: Callable[[], bool] = lambda: True
     watches_workloads: Callable[[], bool] = lambda: True  # Kueue's, the same way
+    # kopf's look at one API group's kinds again (kopf_insights.rediscoverer), for a job that
+    # waits for a kind; when each group was last looked at (loop time).
+    rediscover: Callable[[str], Awaitable[None]] | None = None
+    rediscovered_at: dict[str, float] = field(default_factory=dict)
     synced: set[Key] = field(default_factory=set)  # reconciled since we started
     # Jobs waiting for room (`WaitingForRoomError`): no group is created before this loop time,
     # whatever events arrive (deleting the refused group's pods makes a burst of them).
@@ -338,12 +344,14 @@ class Controller:
             await self._apply(key, body, read, reject(status, describe_errors(error), now))
             return
         launcher = launcher_of(job)
-        if not self._watches(launcher):
-            await self._apply(key, body, read, reject(status, [MPI_OPERATOR_MISSING], now))
+        if not self._watches(launcher) and not await self._watched_after_a_look(
+            names.MPIJOB_API_VERSION.split("/")[0], lambda: self._watches(launcher)
+        ):
+            await self._apply(key, body, read, wait_for_kind(status, MPI_OPERATOR_MISSING, now))
             return
         resolved = gang.resolve(job, await self._served(gang.candidates(job)))
         if isinstance(resolved, str):
-            await self._apply(key, body, read, reject(status, [resolved], now))
+            await self._apply(key, body, read, wait_for_kind(status, resolved, now))
             return
         job = resolved
         index = {"ddp_pods": self.pods, "mpi_pods": self.mpi_pods}[launcher.pod_index]
@@ -360,8 +368,8 @@ class Controller:
         pods = await self._with_mount_failures(key[0], pods, now)
         expected = self.expectations.pending(key, asyncio.get_running_loop().time())
         body, job, queued = await self._apply_kueue(key, body, job, pods)
-        if queued.refused is not None:
-            await self._apply(key, body, read, reject(status, [queued.refused], now))
+        if (held := _held_by_the_queue(status, queued, now)) is not None:
+            await self._apply(key, body, read, held)
             return
         decision = decide(job, pods, now, expected, self.mpijobs.get(key), queued.suspended)
         if self._held(key, decision):
@@ -372,7 +380,7 @@ class Controller:
         except NotFoundError:
             if names.MPIJOB_KIND not in launcher.kinds:
                 raise  # a namespace being deleted, say: retried like any error
-            await self._apply(key, body, read, reject(status, [MPI_OPERATOR_MISSING], now))
+            await self._apply(key, body, read, wait_for_kind(status, MPI_OPERATOR_MISSING, now))
             return
         except ChildrenRefusedError as refused:
             ours = [p.name for p in pods] if launcher.owns_pods else []
@@ -437,6 +445,24 @@ class Controller:
         event = build_event(body, "Warning", Reason.STATUS_OVERWRITTEN, message, utcnow())
         await self.kube.create(event)
 
+    async def _watched_after_a_look(self, group: str, watched: Callable[[], bool]) -> bool:
+        """Whether kopf watches a kind, after asking it to look at `group`'s kinds again where
+        it does not (at most every KIND_LOOK_SECONDS a group): kopf looks on each CRD event,
+        and a new CRD's last event may come before discovery lists its kind."""
+        if watched():
+            return True
+        now = asyncio.get_running_loop().time()
+        looked = self.rediscovered_at.get(group, float("-inf"))
+        if self.rediscover is None or now - looked < KIND_LOOK_SECONDS:
+            return False
+        self.rediscovered_at[group] = now
+        try:
+            await self.rediscover(group)
+        except Exception as error:  # discovery failing is a reason to wait, not to fail
+            log.warning("looking at the kinds of %s again failed: %s", group, error)
+            return False
+        return watched()
+
     def _watches(self, launcher: Launcher) -> bool:
         """Whether kopf watches the kinds of `launcher`'s children (it looks them up once)."""
         return names.MPIJOB_KIND not in launcher.kinds or self.watches_mpijobs()
@@ -483,8 +509,8 @@ class Controller:
         it is afterwards, and the step taken (why a queue holds the job suspended)."""
         if kueue.queue_name(job) is None:
             return body, job, kueue.Step(refused=kueue.unqueued_refusal(job))
-        if not self.watches_workloads():  # Kueue's admissions would never reach us
-            return body, job, kueue.Step(refused=kueue.NOT_SERVED)
+        if not await self._watched_after_a_look(kueue.GROUP, self.watches_workloads):
+            return body, job, kueue.Step(waiting=kueue.NOT_SERVED)  # no admission would reach us
         workload = await self.kube.get(workload_path(job.namespace, kueue.workload_name(job)))
         flavors = {}
         if kueue.is_admitted(workload) and job.spec.run_policy.suspend:
@@ -508,7 +534,7 @@ class Controller:
             try:
                 await self.kube.create(created)
             except NotFoundError:  # the kind is not served (a namespace gone takes the job too)
-                return body, job, kueue.Step(refused=kueue.NOT_SERVED)
+                return body, job, kueue.Step(waiting=kueue.NOT_SERVED)
             except RefusedError as error:  # Kueue's webhook, say: no such priority class
                 return body, job, kueue.Step(refused=error.message)
         if step.workload_status is not None and workload is not None:
@@ -706,6 +732,16 @@ def _raise_refusal(results: Iterable[object], pods: tuple[str, ...]) -> None:
     if decisive.verdict == "retry":
         raise errors[refusals.index(decisive)]
     raise ChildrenRefusedError(decisive, pods)
+
+
+def _held_by_the_queue(status: JobStatus, step: kueue.Step, now: datetime) -> Decision | None:
+    """What a queued job that cannot go on becomes: Failed where it cannot be queued as
+    written, waiting where Kueue is not served yet; None where it goes on."""
+    if step.refused is not None:
+        return reject(status, [step.refused], now)
+    if step.waiting is not None:
+        return wait_for_kind(status, step.waiting, now)
+    return None
 
 
 def _merge_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:

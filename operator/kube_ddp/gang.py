@@ -116,9 +116,9 @@ def resolve(job: DDPTrainingJob, served: Collection[str]) -> DDPTrainingJob | st
     kinds = ", ".join(f"{s} ({KINDS[s].kind} {KINDS[s].api_version})" for s in candidates(job))
     return (
         "scheduling.gang names no scheduler and this cluster serves the PodGroup of none of "
-        f"{kinds}: install Volcano or scheduler-plugins' coscheduling and name it in "
-        "scheduling.gang.scheduler, or remove scheduling.gang (a job queued in Kueue waits "
-        "until all of it fits without one)"
+        f"{kinds}: the job waits until one is (install Volcano or scheduler-plugins' "
+        "coscheduling), or remove scheduling.gang (a job queued in Kueue waits until all of "
+        "it fits without one)"
     )
 
 

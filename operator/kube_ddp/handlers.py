@@ -7,6 +7,7 @@ job for one reconcile in `kube_ddp.controller`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -15,7 +16,7 @@ import kopf
 from kube_ddp import kopf_speedups, kueue, names
 from kube_ddp.config import OperatorConfig
 from kube_ddp.controller import Controller, Key
-from kube_ddp.kopf_insights import Insights, watches
+from kube_ddp.kopf_insights import Insights, rediscoverer, watches
 from kube_ddp.kube import Kube, load_credentials
 from kube_ddp.status import MPIJobView, PodView
 
@@ -62,9 +63,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.label_selectors["pods"] = names.LABEL_JOB_NAME
     settings.watching.label_selectors[MPIJOB_GROUP, names.MPIJOB_PLURAL] = OURS_SELECTOR
     settings.watching.label_selectors[kueue.GROUP, kueue.WORKLOADS] = OURS_SELECTOR
-    # kopf would list every CRD and namespace to follow new ones: a cluster-wide right we do
-    # not need, since we watch fixed resources in fixed namespaces.
-    settings.scanning.disabled = True
+    # kopf follows the CRDs, so a kind installed after kube-ddp started (Kueue's Workload, the
+    # MPIJob) is watched when it appears and the jobs waiting for it go on. It would also list
+    # namespaces, a right we do not take: the fixed namespaces we watch are what it falls back to.
+    settings.scanning.disabled = False
+    logging.getLogger("kopf._core.reactor.observation").addFilter(_no_namespace_rights_warning)
     settings.persistence.diffbase_storage = NoDiffBase()
     kopf_speedups.apply()  # before the first watch: startup precedes them
     memo.controller = Controller(config=config, kube=Kube())
@@ -72,6 +75,19 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     if insights is not None:
         memo.controller.watches_mpijobs = watches(insights, MPIJOB_GROUP, names.MPIJOB_PLURAL)
         memo.controller.watches_workloads = watches(insights, kueue.GROUP, kueue.WORKLOADS)
+        registry = kopf.get_default_registry()  # kopf.operator's, as serving.run gives none
+        memo.controller.rediscover = rediscoverer(insights, settings, registry)
+
+
+def _no_namespace_rights_warning(record: logging.LogRecord) -> bool:
+    """kopf's warning that it may not list or watch namespaces: we watch fixed ones, and give
+    it no such right on purpose (docs/install.md). Any other record passes."""
+    return not record.getMessage().startswith(
+        (
+            "Not enough permissions to list namespaces",
+            "Not enough permissions to watch for namespaces",
+        )
+    )
 
 
 @kopf.on.cleanup()

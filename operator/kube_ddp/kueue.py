@@ -58,8 +58,8 @@ TOPOLOGY_NOT_QUEUED = (
 )
 # kopf looks up the kinds it watches once, when it starts (as for MPIJobs).
 NOT_SERVED = (
-    f"the label {QUEUE_LABEL} needs Kueue, whose Workloads ({API_VERSION}) this cluster did "
-    "not serve when kube-ddp started: install Kueue, then restart kube-ddp; or remove the label"
+    f"the label {QUEUE_LABEL} needs Kueue, whose Workloads ({API_VERSION}) this cluster does "
+    "not serve: the job waits until it does (install Kueue), or remove the label"
 )
 # Eviction reasons after which Kueue requeues the Workload at once (reconciler.go, step 6).
 REQUEUED_AFTER: Final = frozenset({"Preempted", "NodeFailures"})
@@ -354,6 +354,7 @@ class Step:
     # Why the job is suspended, for its Suspended condition: (reason, message).
     suspended: tuple[str, str] | None = None
     refused: str | None = None  # the job cannot be queued: why (it fails, InvalidSpec)
+    waiting: str | None = None  # the job cannot be queued yet: why (it waits, Pending)
 
 
 def _condition(type_: str, status: str, reason: str, message: str, now: datetime) -> Obj:

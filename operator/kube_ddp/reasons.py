@@ -50,6 +50,8 @@ class Reason(StrEnum):
     PREEMPTED = "Preempted"
     EVICTED = "Evicted"  # Suspended: Kueue evicted its Workload (deactivated, stopped queue, ...)
     INVALID_SPEC = "InvalidSpec"  # the models or the API server refuse what the spec builds
+    # Created False: the job needs a kind this cluster does not serve yet; it waits for it
+    KIND_NOT_SERVED = "KindNotServed"
     POD_SECURITY_VIOLATION = "PodSecurityViolation"  # Failed: the namespace's Pod Security level
     ADMISSION_DENIED = "AdmissionDenied"  # Failed: a webhook or ValidatingAdmissionPolicy said no
     LIMIT_RANGE_VIOLATION = "LimitRangeViolation"  # Failed: outside the namespace's LimitRange

@@ -113,6 +113,30 @@ def wait_kueue_says(jobs: Jobs, name: str, words: str) -> dict[str, Any]:
     return wait_for(said, f"Kueue's words on {name}")
 
 
+def test_a_queued_job_waits_for_kueue_installed_after_the_operator(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, mpi_operator: None
+) -> None:
+    """The operator started first: a queued job waits, saying Kueue is needed, makes no pod,
+    and is admitted and runs once Kueue is there (kopf follows the CRDs: no restart). First in
+    the module: Kueue is not yet installed for it."""
+    dev_cluster = load_dev_cluster()
+    if os.geteuid() != 0 and not IN_CI:
+        pytest.skip("Kueue out of cluster needs root (a private mount namespace for its certs)")
+    dev_cluster.built("kueue")
+    jobs.create(queued_job("early", LOCAL_QUEUE))
+    status = jobs.wait_phase("early", "Pending")
+    created = next(c for c in status["conditions"] if c["type"] == "Created")
+    assert (created["reason"], kueue.NOT_SERVED) == ("KindNotServed", created["message"])
+    assert not jobs.pods("early")
+    with dev_cluster.kueue.running(dev_cluster.running_state()):
+        cluster.kubectl("apply", f"--filename={QUEUES}", f"--namespace={jobs.namespace}")
+        jobs.wait_pods("early", 2, timeout=90)  # the job looks again within 30 s
+        jobs.wait_phase("early", "Running")
+        assert workload_of(jobs, "early")["metadata"]["ownerReferences"][0]["name"] == "early"
+        jobs.delete("early")
+        wait_for(lambda: not jobs.pods("early"), "its pods to go before Kueue does", timeout=60)
+
+
 def test_second_job_waits_for_the_quota(queued: str, jobs: Jobs, operator: OperatorProcess) -> None:
     # A gang too: Kueue's quota first, then kube-scheduler places both workers or neither.
     jobs.create(queued_job("first", queued, scheduling={"gang": {}}))

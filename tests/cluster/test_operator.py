@@ -317,31 +317,33 @@ def test_spec_the_api_server_refuses_in_a_pod_fails_the_job(
     jobs.wait_phase("good", "Running")
 
 
-def test_mpi_launcher_without_the_mpi_operator_says_so(
+def test_mpi_launcher_without_the_mpi_operator_waits_then_goes_on(
     cluster: Cluster, jobs: Jobs, operator: OperatorProcess, mpijob_crd: ModuleType
 ) -> None:
-    """Without the MPIJob kind the job is Failed saying what to install. A kind that appears
-    after kube-ddp started is not watched (kopf looks kinds up once): that job says so too, and
-    no MPIJob is created that nobody would follow."""
+    """Without the MPIJob kind the job waits, saying what to install; once the kind is served
+    (the CRD applied after kube-ddp started: kopf follows the CRDs) the same job gets its
+    MPIJob, with no restart of kube-ddp."""
     gaudi = {"type": "gaudi", "perNode": 8}
     mpioperator = mpijob_crd
     assert not mpioperator.crd_installed(cluster.kubeconfig)
-
-    def fails_saying_what_to_do(name: str) -> None:
-        jobs.create(job_manifest(name, nodes=2, launcher="mpi", accelerator=gaudi))
-        status = jobs.wait_phase(name, "Failed")
-        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
-        assert failed["reason"] == "InvalidSpec"
-        assert "needs the MPI Operator" in failed["message"]
-        assert "restart kube-ddp" in failed["message"]
-
-    fails_saying_what_to_do("hccl")
+    jobs.create(job_manifest("hccl", nodes=2, launcher="mpi", accelerator=gaudi))
+    status = jobs.wait_phase("hccl", "Pending")
+    created = next(c for c in status["conditions"] if c["type"] == "Created")
+    assert (created["status"], created["reason"]) == ("False", "KindNotServed")
+    assert "needs the MPI Operator" in created["message"]
+    assert "the job waits until it does" in created["message"]
+    assert "KindNotServed" in jobs.wait_events("hccl", "KindNotServed")
     mpioperator.install_crd(cluster.kubeconfig)
     try:
-        fails_saying_what_to_do("later")
-        mpijobs = jobs.cluster.custom_objects.list_namespaced_custom_object(
-            "kubeflow.org", "v2beta1", jobs.namespace, names.MPIJOB_PLURAL
-        )
-        assert not mpijobs["items"]
+
+        def mpijob_made() -> bool:
+            mpijobs = jobs.cluster.custom_objects.list_namespaced_custom_object(
+                "kubeflow.org", "v2beta1", jobs.namespace, names.MPIJOB_PLURAL
+            )
+            return [m["metadata"]["name"] for m in mpijobs["items"]] == ["hccl"]
+
+        # kopf sees the CRD at once; the job looks again within 30 s
+        wait_for(mpijob_made, "the waiting job's MPIJob once the kind is served", timeout=60)
+        assert jobs.status("hccl")["phase"] != "Failed"
     finally:
         mpioperator.remove_crd(cluster.kubeconfig)

@@ -329,7 +329,36 @@ def test_pods_the_server_refuses_fail_the_job_with_its_message(status: int) -> N
     assert event_reasons(fake) == [Reason.INVALID_SPEC]
 
 
-def test_launcher_mpi_without_the_mpi_operator_fails_with_what_to_install() -> None:
+def test_launcher_mpi_without_the_mpi_operator_waits_saying_what_to_install() -> None:
+    """The MPIJob kind not served (yet): the job waits, Pending, saying so once, and is looked
+    at again; once kopf watches the kind, the same job gets its MPIJob."""
+    watched = [False]
+    requeued: list[float] = []
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        controller.watches_mpijobs = lambda: watched[0]
+        controller.queue.add = lambda key, after=0.0: requeued.append(after)  # type: ignore[method-assign]
+        start(fake, controller, job_body(launcher="mpi"))
+        await controller.reconcile(KEY)
+        await controller.reconcile(KEY)
+        assert not fake.made("POST", "/mpijobs")
+        watched[0] = True  # the MPI Operator's CRD appeared: kopf watches it
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    first = written_statuses(fake)[0]
+    assert first["phase"] == "Pending"
+    (created,) = [c for c in first["conditions"] if c["type"] == "Created"]
+    assert (created["status"], created["reason"]) == ("False", "KindNotServed")
+    assert created["message"] == MPI_OPERATOR_MISSING
+    assert "the job waits until it does" in MPI_OPERATOR_MISSING
+    assert event_reasons(fake).count(Reason.KIND_NOT_SERVED) == 1
+    assert requeued and requeued[0] == 30.5
+    assert len(fake.made("POST", "/mpijobs")) == 1
+    assert fake.jobs[STATUS.removesuffix("/status")]["status"]["phase"] != "Failed"
+
+
+def test_an_mpijob_the_server_does_not_serve_at_create_makes_the_job_wait() -> None:
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, job_body(launcher="mpi"))
         fake.answer("POST", "/mpijobs$", 404, "the server could not find the requested resource")
@@ -337,8 +366,8 @@ def test_launcher_mpi_without_the_mpi_operator_fails_with_what_to_install() -> N
 
     fake = run(scenario)
     (written,) = written_statuses(fake)
-    assert written["phase"] == "Failed"
-    assert written["conditions"][0]["message"] == f"Invalid spec: {MPI_OPERATOR_MISSING}"
+    assert written["phase"] == "Pending"
+    assert written["conditions"][-1]["message"] == MPI_OPERATOR_MISSING
 
 
 def test_what_exists_or_is_gone_already_is_success() -> None:
@@ -756,3 +785,34 @@ def test_a_reconcile_failing_again_and_again_says_so_on_the_job_once() -> None:
     assert failing["message"].startswith("reconciling this job failed 3 times in a row, the last")
     assert "etcdserver: request timed out" in failing["message"]
     assert "more" not in failing["message"]
+
+
+def test_a_job_waiting_for_a_kind_asks_kopf_to_look_again_at_most_every_30_s() -> None:
+    """kopf may miss a new CRD (its last event before discovery lists the kind): the job that
+    waits for it has kopf look at the group again, and goes on when that finds the kind."""
+    looked: list[str] = []
+    served = [False]
+
+    async def rediscover(group: str) -> None:
+        looked.append(group)
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        controller.watches_mpijobs = lambda: served[0]
+        controller.rediscover = rediscover
+        controller.queue.add = lambda key, after=0.0: None  # type: ignore[method-assign]
+        start(fake, controller, job_body(launcher="mpi"))
+        await controller.reconcile(KEY)
+        await controller.reconcile(KEY)  # within 30 s of the last look: not again
+        assert looked == ["kubeflow.org"] and not fake.made("POST", "/mpijobs")
+        controller.rediscovered_at["kubeflow.org"] -= 30
+
+        async def finds_it(group: str) -> None:
+            looked.append(group)
+            served[0] = True
+
+        controller.rediscover = finds_it
+        await controller.reconcile(KEY)
+
+    fake = run(scenario)
+    assert looked == ["kubeflow.org", "kubeflow.org"]
+    assert len(fake.made("POST", "/mpijobs")) == 1

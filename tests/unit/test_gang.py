@@ -225,7 +225,10 @@ def test_the_controller_asks_discovery_once_and_builds_the_served_gang() -> None
         assert len(fake.made("GET", f"/apis/{kind.api_version}")) == 1
 
 
-def test_a_cluster_serving_no_gang_fails_a_job_naming_none() -> None:
+def test_a_cluster_serving_no_gang_holds_a_job_naming_none() -> None:
+    """No PodGroup kind served (a scheduler not installed yet): the job waits saying what to
+    install; discovery is asked again on a later look."""
+
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, job_body(scheduling={"gang": {}}))
         await controller.reconcile(KEY)
@@ -233,9 +236,10 @@ def test_a_cluster_serving_no_gang_fails_a_job_naming_none() -> None:
     fake = run(scenario)
     assert not fake.made("POST", "/pods")
     (written,) = written_statuses(fake)
-    assert written["phase"] == "Failed"
+    assert written["phase"] == "Pending"
     said = gang.resolve(make_job(nodes=2, scheduling={"gang": {}}), set())
-    assert written["conditions"][0]["message"] == f"Invalid spec: {said}"
+    assert isinstance(said, str) and "the job waits until one is" in said
+    assert written["conditions"][-1]["message"] == said
 
 
 @pytest.mark.parametrize(

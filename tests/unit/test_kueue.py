@@ -338,7 +338,7 @@ def test_shell_queues_an_mpi_job_with_a_launcher_and_a_worker_pod_set() -> None:
     assert mpijob.body["spec"]["runPolicy"]["suspend"] is True
 
 
-def test_shell_fails_a_queued_job_where_kueue_is_not_installed() -> None:
+def test_shell_holds_a_queued_job_where_kueue_is_not_installed() -> None:
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, queued_body())
         fake.answer("POST", "/workloads$", 404, "the server could not find the requested resource")
@@ -347,8 +347,8 @@ def test_shell_fails_a_queued_job_where_kueue_is_not_installed() -> None:
     fake = run(scenario)
     assert not fake.made("POST", "/pods")
     (written,) = written_statuses(fake)
-    assert written["phase"] == "Failed"
-    assert written["conditions"][0]["message"] == f"Invalid spec: {kueue.NOT_SERVED}"
+    assert written["phase"] == "Pending"
+    assert written["conditions"][-1]["message"] == kueue.NOT_SERVED
 
 
 def test_priority_class_as_kueue_picks_it() -> None:
@@ -383,19 +383,26 @@ def test_shell_gives_the_workload_its_priority_classs_value() -> None:
     assert created.body["spec"]["priorityClassRef"]["name"] == "production"
 
 
-def test_shell_fails_a_queued_job_when_workloads_are_not_watched() -> None:
-    """kopf looked the kinds up at start, before Kueue was installed: no admission would reach
-    the operator, so the job says what to do instead of waiting forever."""
+def test_shell_holds_a_queued_job_until_workloads_are_watched() -> None:
+    """Kueue not there yet (or its CRDs not yet seen by kopf): no admission would reach the
+    operator, so the job waits saying what to install, makes no Workload and no pod, and is
+    queued as any other once Kueue's kind is watched."""
+    watched = [False]
 
     async def scenario(fake: FakeApi, controller: Controller) -> None:
-        controller.watches_workloads = lambda: False
+        controller.watches_workloads = lambda: watched[0]
         start(fake, controller, queued_body())
+        await controller.reconcile(KEY)
+        assert not fake.made("POST", "/workloads")
+        watched[0] = True
         await controller.reconcile(KEY)
 
     fake = run(scenario)
-    assert not fake.made("POST", "/workloads")
-    (written,) = written_statuses(fake)
-    assert written["conditions"][0]["message"] == f"Invalid spec: {kueue.NOT_SERVED}"
+    assert not fake.made("POST", "/pods")
+    first = written_statuses(fake)[0]
+    assert first["phase"] == "Pending"
+    assert first["conditions"][-1]["message"] == kueue.NOT_SERVED
+    assert len(fake.made("POST", "/workloads")) == 1
 
 
 # --- launcher mpi -------------------------------------------------------------------------

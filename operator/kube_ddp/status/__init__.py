@@ -40,6 +40,7 @@ from kube_ddp.status.views import MPIJobView, PodView, mount_look_due
 
 __all__ = [
     "FINISHED",
+    "KIND_LOOK_SECONDS",
     "PATHS",
     "UNDER_WAY",
     "Action",
@@ -62,6 +63,7 @@ __all__ = [
     "peers_grace_left",
     "refuse",
     "reject",
+    "wait_for_kind",
 ]
 
 # One launcher's path of `decide`: the draft to fill, the job, its observed pods, the names
@@ -81,6 +83,9 @@ LauncherPath = Callable[
 # Each launcher's path, by `spec.launcher`: the names of `kube_ddp.launchers.LAUNCHERS`, which
 # builds what each path reads (that package sits above this one, so it is not asked here).
 PATHS: Final[Mapping[str, LauncherPath]] = {"torchrun": decide_torchrun, "mpi": decide_mpi}
+# How often a job waiting for a kind looks again: kopf starts the kind's watch when its CRD
+# appears, and a gang's PodGroup is asked of discovery again.
+KIND_LOOK_SECONDS: Final = 30.0
 
 
 def decide(
@@ -116,4 +121,22 @@ def reject(status: JobStatus, problems: list[str], now: datetime) -> Decision:
         draft.update(completion_time=now)
         draft.condition("Failed", "True", Reason.INVALID_SPEC, message)
         draft.phase("Failed", Reason.INVALID_SPEC, message, warning=True)
+    return draft.decision()
+
+
+def wait_for_kind(status: JobStatus, problem: str, now: datetime) -> Decision:
+    """A job that needs a kind this cluster does not serve yet (Kueue's Workload, the MPIJob,
+    a gang's PodGroup): it waits, Pending with condition Created False naming what to
+    install, said once, and goes on once the kind is served. A job under way keeps its phase
+    (its children are there already); a finished one is left as it is."""
+    draft = Draft(status=status, now=now)
+    if status.phase in FINISHED:
+        return draft.decision()
+    said = next((c for c in status.conditions if c.type == "Created"), None)
+    if said is None or (said.reason, said.message) != (Reason.KIND_NOT_SERVED, problem):
+        draft.events.append(Event("Warning", Reason.KIND_NOT_SERVED, problem))
+    draft.condition("Created", "False", Reason.KIND_NOT_SERVED, problem)
+    if status.phase is None:
+        draft.update(phase="Pending")
+    draft.requeue(KIND_LOOK_SECONDS)
     return draft.decision()
