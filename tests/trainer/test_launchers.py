@@ -23,7 +23,7 @@ from kube_ddp.launchers.mpi import MPI_RESOLVE_WAIT_S, build_mpijob
 from kube_ddp.local.plan import free_port
 from tests.host_tools import require
 from tests.trainer import support
-from tests.unit.support import make_job
+from tests.unit.support import kubelet_argv, make_job
 
 TARGET = {
     "dataset": "mnist",
@@ -74,7 +74,7 @@ def test_mpirun_runs_the_rendered_launcher_command_across_two_hosts(
     )
     mpijob = build_mpijob(job, 0, BuildSettings())
     (launcher,) = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
-    run = support.run(launcher["command"], env=two_hosts_env(tmp_path, 1, launcher)).check()
+    run = support.run(kubelet_argv(launcher), env=two_hosts_env(tmp_path, 1, launcher)).check()
 
     result = support.summary(summary)
     assert result["world_size"] == 2
@@ -129,7 +129,7 @@ def test_the_seed_s_mpirun_flags_pasted_into_the_gaudi_example_run_under_mpirun(
         OMPI_MCA_hwloc_base_topo_file=str(topology),
         OMPI_MCA_rtc="^hwloc",
     )
-    run = support.run(launcher["command"], env=env).check()
+    run = support.run(kubelet_argv(launcher), env=env).check()
     result = support.summary(summary)
     assert (result["world_size"], result["epochs_run"]) == (16, 2)
     said = run.stdout + run.stderr  # --tag-output: "[1,<rank>]<stderr>:..."
@@ -177,7 +177,7 @@ def test_the_horovod_style_example_runs_under_mpirun_without_binding(
     mpijob = build_mpijob(job, 0, BuildSettings())
     (launcher,) = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
     assert launcher["image"].endswith("-mpi")
-    words = launcher["command"][2].split()
+    words = kubelet_argv(launcher)[2].split()
     assert "--bind-to none --map-by slot" in " ".join(words)
     summary = tmp_path / "summary.json"
     document["spec"].update(
@@ -191,7 +191,7 @@ def test_the_horovod_style_example_runs_under_mpirun_without_binding(
     mpijob = build_mpijob(load_job(document), 0, BuildSettings())
     (launcher,) = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
     env = two_hosts_env(tmp_path, per_node, launcher, hosts=nodes)
-    run = support.run(launcher["command"], env=env).check()
+    run = support.run(kubelet_argv(launcher), env=env).check()
     assert support.summary(summary)["world_size"] == 8
     placements = set(re.findall(r"local_world_size=(\d+) node_rank=(\d+)", run.stderr))
     assert placements == {(str(per_node), str(node)) for node in range(nodes)}
@@ -202,12 +202,13 @@ def launcher_in(
     hostfile: str,
     unresolved_tries: int,
     mpi: dict[str, Any] | None = None,
+    spec: dict[str, Any] | None = None,
     **env: str,
 ) -> subprocess.Popen[str]:
-    """The rendered launcher command with `getent` failing its first `unresolved_tries` looks
-    for each name (a worker pod not yet created), `sleep` instant, and an `mpirun` that says
-    what it was started with."""
-    job = make_job(nodes=2, launcher="mpi", **({"mpi": mpi} if mpi else {}))
+    """The rendered launcher command, after the kubelet's expansion, with `getent` failing its
+    first `unresolved_tries` looks for each name (a worker pod not yet created), `sleep`
+    instant, and an `mpirun` that says what it was started with."""
+    job = make_job(nodes=2, launcher="mpi", **({"mpi": mpi} if mpi else {}), **(spec or {}))
     mpijob = build_mpijob(job, 0, BuildSettings())
     (launcher,) = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
     (tmp_path / "hostfile").write_text(hostfile)
@@ -231,7 +232,7 @@ def launcher_in(
         **env,
     )
     return subprocess.Popen(
-        launcher["command"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        kubelet_argv(launcher), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
 
@@ -277,6 +278,27 @@ def test_extra_args_name_the_launcher_s_variables_and_mpi_root_is_the_prefix(
         tmp_path / "given", "127.0.0.2 slots=1\n", 0, mpi=given, MPI_ROOT="/opt/mpi"
     ).communicate(timeout=60)
     assert "/opt/mpi]" not in out and "[--prefix][/usr/local/openmpi]" in out
+
+
+def test_a_value_the_kubelet_expands_cannot_run_code_in_the_launcher(tmp_path: Path) -> None:
+    """The kubelet puts a variable's value where the command says `$(NAME)`: one with a quote
+    (from a ConfigMap, a Secret, an annotation) must reach mpirun as one word, in the program
+    and in extraArgs alike, and run nothing in the launcher, which holds the job's token."""
+    planted = tmp_path / "pwned"
+    evil = f"x' \"$(touch {planted})\" '"
+    spec = {
+        "env": [{"name": "EVIL", "value": evil}],
+        "command": ["python", "train.py", "--run", "$(EVIL)", "$(NOT_SET)"],
+    }
+    mpi = {"extraArgs": ["-x", "RUN=$(EVIL)"]}
+    out, err = launcher_in(tmp_path, "127.0.0.2 slots=1\n", 0, mpi=mpi, spec=spec).communicate(
+        timeout=60
+    )
+    assert not planted.exists(), (out, err)
+    # the program's words are the kubelet's to expand, as in any pod; the launcher's own
+    # script and extraArgs are not
+    assert f"[python][train.py][--run][{evil}][$(NOT_SET)]" in out, err
+    assert "[-x][RUN=$(EVIL)]" in out, err
 
 
 def test_a_variable_the_launcher_lacks_stops_it_naming_the_variable(tmp_path: Path) -> None:

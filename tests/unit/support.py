@@ -11,6 +11,7 @@ from typing import Any
 import kubernetes_validate
 
 from kube_ddp.api import DDPTrainingJob, load_job
+from kube_ddp.expansion import container_argv, resolve_env
 
 REPO = Path(__file__).resolve().parents[2]
 # Every example job (kueue/ holds the queues, not a job).
@@ -53,3 +54,10 @@ def make_job(**spec: Any) -> DDPTrainingJob:
 def validate_strict(obj: dict[str, Any]) -> None:
     """Fail unless `obj` is valid for the pinned Kubernetes version, unknown fields included."""
     kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def kubelet_argv(container: dict[str, Any]) -> list[str]:
+    """What the container's process is started with: its command and args after the kubelet's
+    `$(NAME)` expansion against its env (kube_ddp/expansion.py); a `valueFrom` reads empty."""
+    env = resolve_env(container.get("env", []), lambda name, source: "")
+    return container_argv(container, env)

@@ -22,7 +22,7 @@ from kube_ddp.builders import (
 from kube_ddp.launchers import build_children
 from kube_ddp.launchers.mpi import LAUNCHER_REQUESTS, build_mpijob, mpi_admission_probes
 from kube_ddp.launchers.torchrun import build_worker_pod
-from tests.unit.support import make_job, validate_strict
+from tests.unit.support import kubelet_argv, make_job, validate_strict
 
 TORCHRUN = contract.TORCHRUN_COMMAND
 
@@ -684,9 +684,14 @@ def mpijob(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def launcher_script(obj: dict[str, Any]) -> list[str]:
+    """The launcher's bash line as bash reads it (after the kubelet's expansion), its `"$@"`
+    standing for the program's words that follow the script."""
     (container,) = obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
-    assert container["command"][:2] == ["/bin/bash", "-c"]
-    return shlex.split(container["command"][2])
+    argv = kubelet_argv(container)
+    assert argv[:2] == ["/bin/bash", "-c"] and argv[3] == "kube-ddp-launcher"
+    words = shlex.split(argv[2])
+    assert words[-1] == "$@"
+    return [*words[:-1], *argv[4:]]
 
 
 def test_mpijob_for_gaudi() -> None:

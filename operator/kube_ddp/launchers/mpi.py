@@ -141,11 +141,15 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
                 *prefix,
                 shlex.join(options),
                 *map(launcher_shell_word, mpi.extra_args),
-                shlex.join(program),
+                '"$@"',
             ]
         )
     )
-    return ["/bin/bash", "-c", script]
+    # The kubelet expands `$(NAME)` in a container's command before bash reads it: a value
+    # spliced into the script could end its quoting and run there. So every `$` of the script
+    # is the kubelet's escape, `$$` (it reads back as written), and the program comes after it
+    # as words of its own (`"$@"`), where `$(NAME)` is the kubelet's to expand, as in any pod.
+    return ["/bin/bash", "-c", script.replace("$", "$$"), "kube-ddp-launcher", *program]
 
 
 def sshd_command(job: DDPTrainingJob) -> list[str]:
