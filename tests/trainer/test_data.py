@@ -5,7 +5,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -259,3 +261,52 @@ def _forkserver() -> int | None:
 
 def _cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+class _Planted:
+    """A pickle that runs a command when loaded, as a writer of a shared volume could plant."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_planted_pickle_in_the_dataset_runs_nothing(tmp_path: Path) -> None:
+    """An extracted CIFAR-10 folder on a shared volume is anyone's to write: a batch that names
+    a callable is refused, saying which, and the callable never runs."""
+    support.write_cifar_dataset(tmp_path, per_batch=4, test=4)
+    marker = tmp_path / "ran"
+    batch = tmp_path / "cifar-10-batches-py" / "test_batch"
+    batch.write_bytes(pickle.dumps({b"data": _Planted(marker), b"labels": []}))
+    with pytest.raises(TrainerError, match=r"not a CIFAR python batch \(it names posix.system"):
+        load_dataset(TrainerOptions(dataset="cifar10", data_dir=str(tmp_path)))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("protocol", "numpy_1"),
+    [(2, True), (2, False), (pickle.HIGHEST_PROTOCOL, False)],
+    ids=["as published (Python 2, numpy.core)", "protocol 2, numpy 2", "protocol 5, numpy 2"],
+)
+def test_cifar_batches_as_python_2_and_numpy_2_wrote_them_load(
+    tmp_path: Path, protocol: int, numpy_1: bool
+) -> None:
+    """The published batches are Python 2 pickles (protocol 2, numpy.core's names); a batch
+    written today is protocol 5 with numpy._core's."""
+    images, labels = support.striped_images(6, 3)
+    batch = {
+        b"batch_label": b"x",
+        b"labels": [int(v) for v in labels],
+        b"data": images.reshape(6, -1),
+    }
+    written = pickle.dumps(batch, protocol=protocol)
+    if numpy_1:  # protocol 2 names a global as text: numpy 1 wrote numpy.core
+        assert b"numpy._core.multiarray" in written
+        written = written.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+    path = tmp_path / "test_batch"
+    path.write_bytes(written)
+    got_images, got_labels = read_cifar_batch(path)
+    np.testing.assert_array_equal(got_images, images)
+    np.testing.assert_array_equal(got_labels, labels)

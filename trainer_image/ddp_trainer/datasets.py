@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Final
 
 import numpy as np
 
@@ -146,12 +147,36 @@ def _find_cifar_dir(data_dir: Path) -> Path:
     )
 
 
+# What a CIFAR batch's pickle may name: numpy arrays (as Python 2's numpy wrote them, and as
+# numpy 2 does) and nothing else. A shared dataset volume is written by others; its files are
+# data, never code (`pickle.load` would run any callable a file names).
+CIFAR_PICKLE_NAMES: Final = frozenset(
+    {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("builtins", "bytearray"),
+        ("_codecs", "encode"),  # bytes in a protocol-2 pickle that Python 3 wrote
+    }
+)
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module.startswith("numpy.core."):  # numpy 1's path, numpy 2's `numpy._core`
+            module = "numpy._core." + module.removeprefix("numpy.core.")
+        if (module, name) not in CIFAR_PICKLE_NAMES:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which no CIFAR batch holds")
+        return super().find_class(module, name)
+
+
 def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """One pickled CIFAR batch: 10000x3072 uint8 rows (R, G, B planes of 32x32) and labels."""
+    """One pickled CIFAR batch: 10000x3072 uint8 rows (R, G, B planes of 32x32) and labels,
+    read by an unpickler that builds numpy arrays and plain values only."""
     try:
         with path.open("rb") as file:
-            # Only files the user mounted or that passed the checksum reach pickle.
-            batch = pickle.load(file, encoding="bytes")
+            batch = _CifarUnpickler(file, encoding="bytes").load()
         data, labels = batch[b"data"], batch[b"labels"]
     except FileNotFoundError:
         raise TrainerError(f"cifar10: {path} not found") from None
