@@ -34,6 +34,39 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
 
 
+# The most values a job file may hold once its aliases are expanded: a real job has hundreds;
+# a file of nested aliases a kilobyte long can hold billions, and every step after parsing
+# (validation, rendering) walks them all.
+MAX_EXPANDED_VALUES = 100_000
+
+
+def _expanded_values(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values `node` stands for with its aliases expanded (each node counted once)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = 1  # a node that holds itself (a recursive alias) counts once
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    elif isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    total = 1 + sum(_expanded_values(child, sizes) for child in children)
+    sizes[id(node)] = total
+    return total
+
+
+def _check_aliases(text: str) -> None:
+    """Refuse a file whose aliases expand past MAX_EXPANDED_VALUES, naming the line."""
+    sizes: dict[int, int] = {}
+    for document in yaml.compose_all(text, Loader=yaml.SafeLoader):
+        if document is not None and _expanded_values(document, sizes) > MAX_EXPANDED_VALUES:
+            line = document.start_mark.line + 1
+            raise yaml.YAMLError(
+                f"line {line}: the document holds more than {MAX_EXPANDED_VALUES} values once "
+                "its aliases (*name) are expanded"
+            )
+
+
 def read_jobs(path: str, namespace: str | None) -> list[DDPTrainingJob]:
     """Every DDPTrainingJob in a YAML file ('-' for stdin), validated by the API models."""
     try:
@@ -41,6 +74,7 @@ def read_jobs(path: str, namespace: str | None) -> list[DDPTrainingJob]:
     except OSError as error:
         raise InputError(f"{path}: cannot read: {error.strerror}") from error
     try:
+        _check_aliases(text)
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as error:
         raise InputError(f"{path}: not valid YAML: {_yaml_problem(error)}") from error

@@ -102,6 +102,14 @@ spec:
     ("not YAML", "spec: [unclosed\n", ["not valid YAML: line 2, column 1: expected ','"]),
     ("empty", "", ["no DDPTrainingJob in the file"]),
     ("a list", "- 1\n- 2\n", ["expected a DDPTrainingJob mapping"]),
+    (
+        "aliases that expand past the bound",
+        "apiVersion: kubeddp.io/v1alpha1\nkind: DDPTrainingJob\n"
+        + "".join(
+            f"x{i}: &x{i} [{', '.join([f'*x{i - 1}' if i else '1'] * 9)}]\n" for i in range(9)
+        ),
+        ["not valid YAML: line 1: the document holds more than 100000 values once its aliases"],
+    ),
 ]
 
 
@@ -117,6 +125,13 @@ def test_bad_input_exits_2_with_one_line_per_problem(
     assert all(line.startswith(path + ": ") for line in lines)
     for fragment in expected:
         assert sum(fragment in line for line in lines) == 1, (fragment, lines)
+
+
+def test_a_few_aliases_are_a_job_file_as_any(capsys: pytest.CaptureFixture[str], write_job) -> None:
+    anchored = BAR.replace("nodes: 2", "nodes: &n 2\n  elastic: {minNodes: 1, maxNodes: *n}")
+    code, objects, err = render(capsys, write_job(anchored))
+    assert code == 0, err
+    assert sum(o["kind"] == "Pod" for o in objects) == 2
 
 
 def test_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
