@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from kube_ddp import names, plot
 from kube_ddp.api import JobStatus, Obj
+from kube_ddp.terminal import printable, printable_line
 
 KUBECTL_TIMEOUT_S = 60
 EVENTS_SHOWN = 12
@@ -305,6 +306,7 @@ def stream_logs(
         for line in process.stdout:
             stamp, _, text = line.rstrip("\n").partition(" ")
             with lock:
+                text = printable_line(text)
                 if follow:
                     out.write(f"{prefix} {text}\n")
                     out.flush()
@@ -385,7 +387,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     except ClusterError as error:
         print(error, file=sys.stderr)
         return 1
-    sys.stdout.write(describe(job, pods, events, datetime.now(UTC)))
+    sys.stdout.write(printable(describe(job, pods, events, datetime.now(UTC))))
     return write_curve(job, args.plot, sys.stdout, sys.stderr)
 
 

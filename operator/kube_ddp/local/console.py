@@ -11,6 +11,7 @@ from typing import IO, TextIO
 from kube_ddp.api import JobStatus, TrainingProgress
 from kube_ddp.local.plan import WorkerLaunch
 from kube_ddp.status import Event
+from kube_ddp.terminal import printable, printable_line
 
 
 @dataclass
@@ -57,12 +58,12 @@ class Console:
             logs_dir.mkdir(parents=True, exist_ok=True)
 
     def worker_line(self, launch: WorkerLaunch, line: str) -> None:
-        if self.logs_dir is not None:
+        if self.logs_dir is not None:  # a file gets the line as the worker wrote it
             with self._lock:
                 self._log_file(launch).write(line + "\n")
             return
         prefix = f"[worker-{launch.index}]"
-        self._print(self.out, f"{prefix} {line}")
+        self._print(self.out, f"{prefix} {printable_line(line)}")
 
     def _log_file(self, launch: WorkerLaunch) -> IO[str]:
         key = f"{launch.pod}-attempt-{launch.attempt}"
@@ -73,7 +74,7 @@ class Console:
 
     def note(self, text: str) -> None:
         """A message of the runner itself."""
-        self._print(self.err, f"kube-ddp: {text}")
+        self._print(self.err, f"kube-ddp: {printable(text)}")
 
     def event(self, event: Event) -> None:
         self.note(f"{event.type} {event.reason}: {event.message}")
@@ -81,6 +82,7 @@ class Console:
     def progress(self, line: str, elapsed_s: float) -> None:
         """On a terminal, the line with the time it has run; elsewhere, each new line once."""
         minutes, seconds = divmod(int(elapsed_s), 60)
+        line = printable_line(line)
         with self._lock:
             if self.live:
                 self._shown = f"{line}  {minutes}:{seconds:02d}"
@@ -156,7 +158,7 @@ class Console:
             for row in table
         ]
         with self._lock:
-            self.err.write("\n" + "\n".join(lines) + "\n")
+            self.err.write("\n" + printable("\n".join(lines)) + "\n")
             self.err.flush()
 
 
