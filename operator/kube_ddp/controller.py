@@ -32,6 +32,7 @@ from kube_ddp.jobfile import describe_errors
 from kube_ddp.kube import (
     ApiError,
     Kube,
+    NameTakenError,
     NotFoundError,
     RefusedError,
     job_path,
@@ -722,8 +723,12 @@ def _raise_refusal(results: Iterable[object], pods: tuple[str, ...]) -> None:
         return
     refusals: list[Refusal] = []
     for error in errors:
-        if isinstance(error, KindNotServedError):
-            refusals.append(Refusal("fail", Reason.INVALID_SPEC, f"Invalid spec: {error}"))
+        if isinstance(error, KindNotServedError):  # a gang's scheduler not (yet) installed
+            refusals.append(Refusal("wait", Reason.KIND_NOT_SERVED, str(error)))
+        elif isinstance(error, NameTakenError):
+            refusals.append(
+                Refusal("wait" if error.passing else "fail", Reason.NAME_TAKEN, str(error))
+            )
         elif isinstance(error, ApiError):
             refusals.append(classify(error.status, error.message))
         else:

@@ -211,5 +211,6 @@ def not_served(job: DDPTrainingJob) -> str:
     kind = KINDS[scheduler]
     return (
         f"scheduling.gang.scheduler {scheduler} needs {kind.kind} {kind.api_version}, which this "
-        f"cluster does not serve: it needs {kind.installed_by}; or remove scheduling.gang"
+        f"cluster does not serve: it needs {kind.installed_by}; the job waits until it is "
+        "served, or remove scheduling.gang"
     )

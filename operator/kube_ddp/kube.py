@@ -71,6 +71,28 @@ class ForbiddenError(ApiError):
     ResourceQuota, a LimitRange: `status.refusals` tells them apart)."""
 
 
+class NameTakenError(Exception):
+    """A child's name is held by an object this job does not control: `passing` where that
+    one goes by itself (it is being deleted, or an earlier job of this name made it and the
+    garbage collector takes it), else the user must free the name."""
+
+    def __init__(self, obj: Obj, holder: Obj) -> None:
+        metadata = holder.get("metadata", {})
+        owner = _controller_of(holder)
+        self.passing = metadata.get("deletionTimestamp") is not None or (
+            owner is not None and owner.get("kind") == names.KIND
+        )
+        held_by = f"{owner.get('kind')} {owner.get('name')}" if owner else "no owner"
+        what = f"{obj['kind']} {obj['metadata']['name']} exists and is not this job's ({held_by})"
+        fix = "waiting for it to go" if self.passing else "delete it, or give the job another name"
+        super().__init__(f"{what}: {fix}")
+
+
+def _controller_of(obj: Obj) -> Obj | None:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return next((r for r in refs if r.get("controller")), None)
+
+
 class NotFoundError(ApiError):
     """404: the object, or its kind, does not exist."""
 
@@ -211,15 +233,24 @@ class Kube:
                 yield line.decode(errors="replace").rstrip("\n")
 
     async def create(self, obj: Obj, dry_run: bool = False) -> Obj | None:
-        """Create `obj`: the object created, or None if one of its name existed already.
-        `dry_run`: only ask whether the API server (its admission included) would create it."""
-        path = collection_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"])
-        if dry_run:
-            path += "?dryRun=All"
+        """Create `obj`: the object created, or None if one of its name existed already and is
+        the same owner's (a create repeated). A name another owner's object holds raises
+        `NameTakenError`. `dry_run`: only ask whether the API server (its admission included)
+        would create it."""
+        collection = collection_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"])
         try:
-            return await self.request("POST", path, obj)
+            return await self.request("POST", collection + ("?dryRun=All" if dry_run else ""), obj)
         except ConflictError:
-            return None
+            owner = _controller_of(obj)
+            if dry_run or owner is None:
+                return None
+            holder = await self.get(f"{collection}/{obj['metadata']['name']}")
+            if holder is None:
+                raise  # gone since: the next look creates it
+            held = _controller_of(holder)
+            if held is not None and held.get("uid") == owner.get("uid"):
+                return None
+            raise NameTakenError(obj, holder) from None
 
     async def get(self, path: str) -> Obj | None:
         """The object at `path`, or None if there is none."""

@@ -52,6 +52,9 @@ class Reason(StrEnum):
     INVALID_SPEC = "InvalidSpec"  # the models or the API server refuse what the spec builds
     # Created False: the job needs a kind this cluster does not serve yet; it waits for it
     KIND_NOT_SERVED = "KindNotServed"
+    # a child's name is held by an object this job does not control: waits where it goes by
+    # itself (an earlier job's, being removed), else Failed
+    NAME_TAKEN = "NameTaken"
     POD_SECURITY_VIOLATION = "PodSecurityViolation"  # Failed: the namespace's Pod Security level
     ADMISSION_DENIED = "AdmissionDenied"  # Failed: a webhook or ValidatingAdmissionPolicy said no
     LIMIT_RANGE_VIOLATION = "LimitRangeViolation"  # Failed: outside the namespace's LimitRange

@@ -9,6 +9,7 @@ the job cache, expectations, and writing the status only when it changed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -23,6 +24,7 @@ from kube_ddp.controller import (
     Expectations,
     JobCache,
     Key,
+    WaitingForRoomError,
     retry_delay,
 )
 from kube_ddp.kube import ApiError, UnauthorizedError
@@ -373,6 +375,13 @@ def test_an_mpijob_the_server_does_not_serve_at_create_makes_the_job_wait() -> N
 def test_what_exists_or_is_gone_already_is_success() -> None:
     """409 on create, 404 on a pod delete: a repeated reconcile goes on as if it had made them."""
 
+    owned = {"ownerReferences": [{"kind": "DDPTrainingJob", "uid": UID, "controller": True}]}
+    fake = FakeApi()
+    fake.objects["/api/v1/namespaces/ns1/services/bar"] = {"metadata": {"name": "bar", **owned}}
+    for index in (0, 1):
+        path = f"{PODS}/bar-worker-{index}"
+        fake.objects[path] = {"metadata": {"name": f"bar-worker-{index}", **owned}}
+
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, job_body())
         fake.answer("POST", "/services$", 409, "already exists")
@@ -383,9 +392,54 @@ def test_what_exists_or_is_gone_already_is_success() -> None:
         start(fake, controller, job_body(restarting, resource_version=20), [pod(0), pod(1)])
         await controller.reconcile(KEY)  # the old attempt's pods go: both already gone
 
-    fake = run(scenario)
+    run(scenario, fake)
     assert [s["phase"] for s in written_statuses(fake)] == ["Pending", "Restarting"]
     assert len(fake.made("DELETE", PODS)) == 2
+
+
+@pytest.mark.parametrize(
+    ("holder", "phase", "reason"),
+    [
+        (
+            {
+                "ownerReferences": [
+                    {
+                        "kind": "DDPTrainingJob",
+                        "name": "bar",
+                        "uid": "uid-of-the-old-job",
+                        "controller": True,
+                    }
+                ]
+            },
+            "Pending",
+            "NameTaken",
+        ),
+        ({}, "Failed", "NameTaken"),
+    ],
+    ids=["an earlier job's, going: wait", "no owner: the user must free it"],
+)
+def test_a_childs_name_held_by_an_object_not_this_jobs_is_not_taken_for_it(
+    holder: dict[str, Any], phase: str, reason: str
+) -> None:
+    """409 on a create, and the object of that name is not this job's: the job does not run
+    without it (a NetworkPolicy, a worker), it waits where the holder goes by itself, and
+    fails saying which object where only the user can free the name."""
+    fake = FakeApi()
+    path = "/apis/networking.k8s.io/v1/namespaces/ns1/networkpolicies/bar"
+    fake.objects[path] = {"metadata": {"name": "bar", **holder}}
+
+    async def scenario(fake: FakeApi, controller: Controller) -> None:
+        start(fake, controller, job_body())
+        fake.answer("POST", "/networkpolicies$", 409, "already exists")
+        with contextlib.suppress(WaitingForRoomError):
+            await controller.reconcile(KEY)
+
+    run(scenario, fake)
+    assert not fake.made("POST", PODS)
+    (written,) = written_statuses(fake)
+    assert written["phase"] == phase
+    said = next(c for c in written["conditions"] if c["reason"] == reason)
+    assert said["message"].startswith("NetworkPolicy bar exists and is not this job's")
 
 
 def test_pods_of_a_node_that_stopped_reporting_are_force_deleted() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from kube_ddp import gang
 from kube_ddp.api import JobStatus
-from kube_ddp.controller import Controller
+from kube_ddp.controller import Controller, WaitingForRoomError
 from kube_ddp.launchers import build_children
 from kube_ddp.status import PodView, decide
 from tests.unit.fake_api import FakeApi
@@ -149,22 +149,29 @@ def test_not_served_says_what_to_install() -> None:
     )
 
 
-def test_a_cluster_without_the_pod_group_kind_fails_the_job_saying_what_it_needs() -> None:
+def test_a_cluster_without_the_pod_group_kind_holds_the_job_saying_what_it_needs() -> None:
+    """The named scheduler's PodGroup kind not served (not yet installed): no worker without
+    its gang; the job waits, Pending, saying what to install, and tries again later."""
     kubernetes_gang = {"gang": {"scheduler": "kubernetes"}}
 
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, job_body(scheduling=kubernetes_gang))
         fake.answer("POST", "/podgroups$", 404, "the server could not find the requested resource")
-        await controller.reconcile(KEY)
+        with pytest.raises(WaitingForRoomError):
+            await controller.reconcile(KEY)
 
     fake = run(scenario)
     assert not fake.made("POST", "/pods")  # no worker without its gang
     (written,) = written_statuses(fake)
-    assert written["phase"] == "Failed"
-    message = written["conditions"][0]["message"]
-    assert message == "Invalid spec: " + gang.not_served(
-        make_job(nodes=2, scheduling=kubernetes_gang)
+    assert written["phase"] == "Pending"
+    created = next(c for c in written["conditions"] if c["type"] == "Created")
+    said = gang.not_served(make_job(nodes=2, scheduling=kubernetes_gang))
+    assert (created["status"], created["reason"], created["message"]) == (
+        "False",
+        "KindNotServed",
+        said,
     )
+    assert "the job waits until it is served" in said
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ def test_control_characters_are_dropped_and_tabs_kept() -> None:
     assert printable(HOSTILE) == "loss 0.5]0;owned[2J1m done\tok"
     assert printable("two\nlines\r\n") == "two\nlines\n"
     assert printable_line("two\nlines") == "two lines"
-    assert printable("naïve – ünïcode ✓") == "naïve – ünïcode ✓"
+    assert printable("naïve ünïcode ✓ 日本") == "naïve ünïcode ✓ 日本"
 
 
 def test_the_local_console_prints_a_workers_line_without_them() -> None:
