@@ -138,10 +138,22 @@ class LocalPod:
             self._signal(signal.SIGKILL)
 
     def reap(self, timeout_s: float = 5.0) -> None:
-        """After the process ended: kill what its group left behind, drain its log."""
+        """After the process ended: kill what its group left behind, drain its log, and wait
+        (at most `timeout_s`) until the killed descendants are gone: a SIGKILL takes effect
+        when the kernel next runs that process, and the runner's end must find none running."""
         self._signal(signal.SIGKILL)
         for thread in self._threads:
             thread.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while self._running_descendants() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _running_descendants(self) -> list[int]:
+        return [
+            pid
+            for pid, started in self._descendants.items()
+            if _start_time(pid) == started and _state(pid) not in (None, "Z", "X")
+        ]
 
     def _signal(self, signum: signal.Signals) -> None:
         if self._process is None:
@@ -176,6 +188,15 @@ def _children(pid: int) -> list[int]:
             with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
                 found.extend(int(child) for child in f.read().split())
     return found
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (/proc/PID/stat field 3): Z a zombie, X dead."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _start_time(pid: int) -> str | None:
