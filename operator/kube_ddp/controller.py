@@ -448,8 +448,8 @@ class Controller:
 
     async def _watched_after_a_look(self, group: str, watched: Callable[[], bool]) -> bool:
         """Whether kopf watches a kind, after asking it to look at `group`'s kinds again where
-        it does not (at most every KIND_LOOK_SECONDS a group): kopf looks on each CRD event,
-        and a new CRD's last event may come before discovery lists its kind."""
+        it does not (at most every KIND_LOOK_SECONDS a group): kopf scans kinds once,
+        at its start."""
         if watched():
             return True
         now = asyncio.get_running_loop().time()

@@ -7,7 +7,6 @@ job for one reconcile in `kube_ddp.controller`.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -63,11 +62,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.label_selectors["pods"] = names.LABEL_JOB_NAME
     settings.watching.label_selectors[MPIJOB_GROUP, names.MPIJOB_PLURAL] = OURS_SELECTOR
     settings.watching.label_selectors[kueue.GROUP, kueue.WORKLOADS] = OURS_SELECTOR
-    # kopf follows the CRDs, so a kind installed after kube-ddp started (Kueue's Workload, the
-    # MPIJob) is watched when it appears and the jobs waiting for it go on. It would also list
-    # namespaces, a right we do not take: the fixed namespaces we watch are what it falls back to.
-    settings.scanning.disabled = False
-    logging.getLogger("kopf._core.reactor.observation").addFilter(_no_namespace_rights_warning)
+    # kopf would list every CRD and namespace to follow new ones: a cluster-wide right we do
+    # not take, since we watch fixed resources in fixed namespaces. A job waiting for a kind
+    # installed later has kopf look at that kind's group again (Controller.rediscover).
+    settings.scanning.disabled = True
     settings.persistence.diffbase_storage = NoDiffBase()
     kopf_speedups.apply()  # before the first watch: startup precedes them
     memo.controller = Controller(config=config, kube=Kube())
@@ -77,17 +75,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         memo.controller.watches_workloads = watches(insights, kueue.GROUP, kueue.WORKLOADS)
         registry = kopf.get_default_registry()  # kopf.operator's, as serving.run gives none
         memo.controller.rediscover = rediscoverer(insights, settings, registry)
-
-
-def _no_namespace_rights_warning(record: logging.LogRecord) -> bool:
-    """kopf's warning that it may not list or watch namespaces: we watch fixed ones, and give
-    it no such right on purpose (docs/install.md). Any other record passes."""
-    return not record.getMessage().startswith(
-        (
-            "Not enough permissions to list namespaces",
-            "Not enough permissions to watch for namespaces",
-        )
-    )
 
 
 @kopf.on.cleanup()
@@ -184,8 +171,8 @@ async def mpijob_event(
 async def workload_event(
     namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
 ) -> None:
-    """Kueue admitted, evicted or requeued one of our Workloads: reconcile its job. Served only
-    where Kueue's CRDs existed when the operator started (kopf scans resources once)."""
+    """Kueue admitted, evicted or requeued one of our Workloads: reconcile its job. Served once kopf
+    found the Workload kind: at its start, or when a queued job had it look again."""
     controller = _controller(memo)
     _index(controller, kwargs)
     job = labels.get(names.LABEL_JOB_NAME)

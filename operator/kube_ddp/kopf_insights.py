@@ -4,10 +4,10 @@ kopf==1.45.2 takes an `Insights` in `kopf.operator(insights=...)` and fills it (
 watches, and a flag once its watches are up) but does not export the type; `serving` creates
 one for its readiness probe and `handlers` asks it which optional kinds are served.
 
-kopf follows the CRDs and looks at a group's kinds again on each CRD event; the last event of a
-new CRD can come before the API server's discovery lists its kind, and then kopf never watches
-it. `rediscoverer` gives the operator kopf's own look at one group, for a job that waits for a
-kind (tests/unit/test_kopf_insights.py pins what it calls).
+kopf scans the API's kinds once at its start (kube-ddp runs it with scanning off: following the
+CRDs and namespaces needs cluster-wide rights). `rediscoverer` gives the operator the look kopf
+takes at one group on a CRD event, for a job that waits for a kind installed later
+(tests/unit/test_kopf_insights.py pins what it calls).
 """
 
 from __future__ import annotations

@@ -182,13 +182,6 @@ JOB_RULES: tuple[Rule, ...] = (
 # their own in namespaced mode, part of the ClusterRole otherwise.
 CLUSTER_RULES: tuple[Rule, ...] = (
     Rule(
-        "apiextensions.k8s.io",
-        ("customresourcedefinitions",),
-        ("list", "watch"),
-        "kopf's watch of the CRDs: a kind installed after kube-ddp started (Kueue's Workload, "
-        "the MPIJob, a PodGroup) is watched when it appears, and jobs waiting for it go on",
-    ),
-    Rule(
         kueue.GROUP,
         (kueue.RESOURCE_FLAVORS, kueue.PRIORITY_CLASSES),
         ("get",),

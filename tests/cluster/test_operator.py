@@ -321,7 +321,7 @@ def test_mpi_launcher_without_the_mpi_operator_waits_then_goes_on(
     cluster: Cluster, jobs: Jobs, operator: OperatorProcess, mpijob_crd: ModuleType
 ) -> None:
     """Without the MPIJob kind the job waits, saying what to install; once the kind is served
-    (the CRD applied after kube-ddp started: kopf follows the CRDs) the same job gets its
+    (the CRD applied after kube-ddp started, found when the job looks again) the same job gets its
     MPIJob, with no restart of kube-ddp."""
     gaudi = {"type": "gaudi", "perNode": 8}
     mpioperator = mpijob_crd
@@ -342,7 +342,7 @@ def test_mpi_launcher_without_the_mpi_operator_waits_then_goes_on(
             )
             return [m["metadata"]["name"] for m in mpijobs["items"]] == ["hccl"]
 
-        # kopf sees the CRD at once; the job looks again within 30 s
+        # the job looks again within 30 s
         wait_for(mpijob_made, "the waiting job's MPIJob once the kind is served", timeout=60)
         assert jobs.status("hccl")["phase"] != "Failed"
     finally:

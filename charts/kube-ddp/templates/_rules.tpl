@@ -114,11 +114,6 @@
 
 {{/* Its rights on cluster-scoped objects (their own ClusterRole when namespaced). */}}
 {{- define "kube-ddp.clusterRules" -}}
-# kopf's watch of the CRDs: a kind installed after kube-ddp started (Kueue's Workload, the MPIJob,
-# a PodGroup) is watched when it appears, and jobs waiting for it go on
-- apiGroups: ["apiextensions.k8s.io"]
-  resources: ["customresourcedefinitions"]
-  verbs: ["list", "watch"]
 {{- if .Values.rbac.kueue }}
 # Kueue: the admitted ResourceFlavors' node labels and tolerations, a WorkloadPriorityClass's
 # value for a new Workload: Controller._apply_kueue
