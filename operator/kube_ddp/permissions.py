@@ -40,6 +40,13 @@ class Rule:
 
 
 # Rights in every watched namespace (cluster-wide in all-namespaces mode).
+# Kube.create reads the object of a name taken (409 AlreadyExists) to tell the job's own, made
+# by an earlier reconcile, from another's.
+CONFLICT_WHY = (
+    "a create answered 409 (AlreadyExists): the object of that name read to tell this job's "
+    "own from another's: Kube.create"
+)
+
 JOB_RULES: tuple[Rule, ...] = (
     Rule(
         names.GROUP,
@@ -115,6 +122,24 @@ JOB_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "",
+        ("pods", "services", "serviceaccounts"),
+        ("get",),
+        CONFLICT_WHY,
+    ),
+    Rule(
+        RBAC_GROUP,
+        ("roles", "rolebindings"),
+        ("get",),
+        CONFLICT_WHY,
+    ),
+    Rule(
+        names.NETWORK_POLICY_API_VERSION.rpartition("/")[0],
+        (names.NETWORK_POLICY_PLURAL,),
+        ("get",),
+        CONFLICT_WHY,
+    ),
+    Rule(
+        "",
         ("events",),
         ("create",),
         "Events on jobs: Controller._apply -> Kube.create(builders.build_event); kopf's posting",
@@ -130,9 +155,9 @@ JOB_RULES: tuple[Rule, ...] = (
         Rule(
             kind.api_version.rpartition("/")[0],
             (kind.plural,),
-            ("create",),
+            ("create", "get"),
             f"spec.scheduling.gang.scheduler {scheduler}: Controller._act(CreateWorkers) -> "
-            "Kube.create(gang.build_pod_group)",
+            "Kube.create(gang.build_pod_group) (get: a create answered 409)",
         )
         for scheduler, kind in gang.KINDS.items()
     ),
@@ -163,9 +188,10 @@ JOB_RULES: tuple[Rule, ...] = (
     Rule(
         MPI_GROUP,
         ("mpijobs",),
-        ("create", "delete", "patch"),
-        "launcher mpi: Controller._act(CreateWorkers) -> Kube.create(launchers.mpi.build_mpijob); "
-        "a group restart: Kube.delete_mpijob; suspend and resume: Kube.suspend_mpijob",
+        ("create", "get", "delete", "patch"),
+        "launcher mpi: Controller._act(CreateWorkers) -> Kube.create(launchers.mpi.build_mpijob) "
+        "(get: a create answered 409); a group restart: Kube.delete_mpijob; suspend and resume: "
+        "Kube.suspend_mpijob",
         only_if="rbac.mpiJobs",
     ),
     Rule(

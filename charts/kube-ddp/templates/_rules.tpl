@@ -52,6 +52,21 @@
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["create"]
+# a create answered 409 (AlreadyExists): the object of that name read to tell this job's own from
+# another's: Kube.create
+- apiGroups: [""]
+  resources: ["pods", "services", "serviceaccounts"]
+  verbs: ["get"]
+# a create answered 409 (AlreadyExists): the object of that name read to tell this job's own from
+# another's: Kube.create
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get"]
+# a create answered 409 (AlreadyExists): the object of that name read to tell this job's own from
+# another's: Kube.create
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get"]
 # Events on jobs: Controller._apply -> Kube.create(builders.build_event); kopf's posting
 - apiGroups: [""]
   resources: ["events"]
@@ -62,20 +77,20 @@
   resources: ["events"]
   verbs: ["list"]
 # spec.scheduling.gang.scheduler kubernetes: Controller._act(CreateWorkers) ->
-# Kube.create(gang.build_pod_group)
+# Kube.create(gang.build_pod_group) (get: a create answered 409)
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["podgroups"]
-  verbs: ["create"]
+  verbs: ["create", "get"]
 # spec.scheduling.gang.scheduler coscheduling: Controller._act(CreateWorkers) ->
-# Kube.create(gang.build_pod_group)
+# Kube.create(gang.build_pod_group) (get: a create answered 409)
 - apiGroups: ["scheduling.x-k8s.io"]
   resources: ["podgroups"]
-  verbs: ["create"]
+  verbs: ["create", "get"]
 # spec.scheduling.gang.scheduler volcano: Controller._act(CreateWorkers) ->
-# Kube.create(gang.build_pod_group)
+# Kube.create(gang.build_pod_group) (get: a create answered 409)
 - apiGroups: ["scheduling.volcano.sh"]
   resources: ["podgroups"]
-  verbs: ["create"]
+  verbs: ["create", "get"]
 {{- if .Values.rbac.kueue }}
 # Kueue: suspend a queued or evicted job, apply an admission and resume it:
 # Controller._apply_kueue -> Kube.patch_job
@@ -98,11 +113,12 @@
   verbs: ["patch"]
 {{- end }}
 {{- if .Values.rbac.mpiJobs }}
-# launcher mpi: Controller._act(CreateWorkers) -> Kube.create(launchers.mpi.build_mpijob); a group
-# restart: Kube.delete_mpijob; suspend and resume: Kube.suspend_mpijob
+# launcher mpi: Controller._act(CreateWorkers) -> Kube.create(launchers.mpi.build_mpijob) (get: a
+# create answered 409); a group restart: Kube.delete_mpijob; suspend and resume:
+# Kube.suspend_mpijob
 - apiGroups: ["kubeflow.org"]
   resources: ["mpijobs"]
-  verbs: ["create", "delete", "patch"]
+  verbs: ["create", "get", "delete", "patch"]
 {{- end }}
 {{- if .Values.rbac.mpiJobs }}
 # launcher mpi: the status mirror, handlers.mpijob_event
