@@ -117,8 +117,8 @@ def test_a_queued_job_waits_for_kueue_installed_after_the_operator(
     cluster: Cluster, jobs: Jobs, operator: OperatorProcess, mpi_operator: None
 ) -> None:
     """The operator started first: a queued job waits, saying Kueue is needed, makes no pod,
-    and is admitted and runs once Kueue is there (the job has kopf look at Kueue's group again: no restart). First in
-    the module: Kueue is not yet installed for it."""
+    and is admitted and runs once Kueue is there (the job has kopf look at Kueue's group
+    again: no restart). First in the module: Kueue is not yet installed for it."""
     dev_cluster = load_dev_cluster()
     if os.geteuid() != 0 and not IN_CI:
         pytest.skip("Kueue out of cluster needs root (a private mount namespace for its certs)")
