@@ -81,6 +81,7 @@ SHELL_BUILTINS = frozenset(
 )
 REDIRECTION = re.compile(r"\d*(<<?|>>?|<>|>&|<&)")
 # `$(` starts a command; `$((` arithmetic, which the word with its `=` then drops.
+SINGLE_QUOTED = re.compile(r"'[^']*'")
 COMMAND_SEPARATORS = re.compile(r"&&|\|\||;|\||\n|\$\((?!\()|`")
 
 
@@ -89,6 +90,9 @@ def script_commands(script: str) -> set[str]:
     reserved words, that is no builtin, variable or assignment (enough for the short scripts
     the tests and hack run)."""
     commands = set()
+    # In single quotes `$(` and backquotes are literal text (a value the script quotes), but
+    # a nested `sh -c '...'` still names its commands: only the substitutions are dropped.
+    script = SINGLE_QUOTED.sub(lambda m: m[0].replace("$(", "$ ").replace("`", " "), script)
     for part in COMMAND_SEPARATORS.split(script):
         words = [w.strip("()") for w in part.split() if "=" not in w.split("/")[0]]
         words = [w for w in words if w]
