@@ -81,7 +81,6 @@ SHELL_BUILTINS = frozenset(
 )
 REDIRECTION = re.compile(r"\d*(<<?|>>?|<>|>&|<&)")
 # `$(` starts a command; `$((` arithmetic, which the word with its `=` then drops.
-SINGLE_QUOTED = re.compile(r"'[^']*'")
 COMMAND_SEPARATORS = re.compile(r"&&|\|\||;|\||\n|\$\((?!\()|`")
 
 
@@ -92,7 +91,7 @@ def script_commands(script: str) -> set[str]:
     commands = set()
     # In single quotes `$(` and backquotes are literal text (a value the script quotes), but
     # a nested `sh -c '...'` still names its commands: only the substitutions are dropped.
-    script = SINGLE_QUOTED.sub(lambda m: m[0].replace("$(", "$ ").replace("`", " "), script)
+    script = _literal_substitutions_dropped(script)
     for part in COMMAND_SEPARATORS.split(script):
         words = [w.strip("()") for w in part.split() if "=" not in w.split("/")[0]]
         words = [w for w in words if w]
@@ -107,6 +106,24 @@ def script_commands(script: str) -> set[str]:
         if first and first not in SHELL_BUILTINS and first[0] not in "\"'$\\>&":
             commands.add(first)
     return commands
+
+
+def _literal_substitutions_dropped(script: str) -> str:
+    """`script` with each `$(` and backquote inside single quotes (outside double quotes, past
+    backslashes) made plain text: there sh takes them literally."""
+    out, quote, escaped = [], "", False
+    for at, char in enumerate(script):
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif char in "'\"" and quote in ("", char):
+            quote = "" if quote else char
+        elif quote == "'" and (char == "`" or (char == "$" and script[at + 1 : at + 2] == "(")):
+            out.append(" ")
+            continue
+        out.append(char)
+    return "".join(out)
 
 
 class CommandLog:

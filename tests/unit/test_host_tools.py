@@ -79,7 +79,7 @@ def test_the_programs_a_shell_script_names_are_recorded_too() -> None:
     counted = "if command -v getent; then until getent x; do n=$((n+1)); x=$(id -u); done; fi"
     assert script_commands(counted) == {"getent", "id"}
     # quoted, `$(` and backquotes are a value's text, not commands
-    quoted = "mpirun -x 'RUN=$(EVIL)' 'a`b`' \"$@\" && hostname; x=$(id -u)"
+    quoted = "echo \"the job's\" && mpirun -x 'RUN=$(EVIL)' 'a`b`' \"$@\" && hostname; x=$(id -u)"
     assert script_commands(quoted) == {"mpirun", "hostname", "id"}
     log = CommandLog()
     log("subprocess.Popen", (None, ["unshare", "--mount", "sh", "-c", script, "kueue"], None, None))
