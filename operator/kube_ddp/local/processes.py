@@ -149,11 +149,14 @@ class LocalPod:
             time.sleep(0.01)
 
     def _running_descendants(self) -> list[int]:
-        return [
-            pid
-            for pid, started in self._descendants.items()
-            if _start_time(pid) == started and _state(pid) not in (None, "Z", "X")
-        ]
+        """Those killed that are still that process (not a reused pid) and not yet a zombie
+        (Z) or dead (X)."""
+        running = []
+        for pid, started in self._descendants.items():
+            fields = _stat(pid)
+            if fields and fields[19] == started and fields[0] not in ("Z", "X"):
+                running.append(pid)
+        return running
 
     def _signal(self, signum: signal.Signals) -> None:
         if self._process is None:
@@ -190,19 +193,17 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _state(pid: int) -> str | None:
-    """The process's state letter (/proc/PID/stat field 3): Z a zombie, X dead."""
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (field 3, the state, first)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+            fields = f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+    return fields if len(fields) > 19 else None
 
 
 def _start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    fields = _stat(pid)
+    return fields[19] if fields else None
