@@ -173,11 +173,12 @@ def test_the_own_script_example_resumed_after_sigterm_draws_one_line(tmp_path: P
 
 def test_writers_that_cannot_write_never_stop_training(tmp_path: Path) -> None:
     """No tracking server at the URI and a log dir that is a file: two warnings, and the run
-    trains to its end as without them."""
+    trains to its end as without them. The URI's credentials are in no line."""
     not_a_directory = tmp_path / "file"
     not_a_directory.write_text("")
     summary = tmp_path / "summary.json"
-    env = support.clean_env(**NO_TELEMETRY, MLFLOW_TRACKING_URI=f"http://127.0.0.1:{free_port()}")
+    uri = f"http://alice:s3cret@127.0.0.1:{free_port()}"
+    env = support.clean_env(**NO_TELEMETRY, MLFLOW_TRACKING_URI=uri)
     done = support.run(
         support.trainer_command(
             *TINY, "--epochs=1", f"--log-dir={not_a_directory}", f"--summary-file={summary}"
@@ -185,7 +186,8 @@ def test_writers_that_cannot_write_never_stop_training(tmp_path: Path) -> None:
         env,
     ).check()
     assert f"not writing TensorBoard events to {not_a_directory}" in done.stderr
-    assert "not logging to MLflow at http://127.0.0.1:" in done.stderr
+    assert "not logging to MLflow at http://***@127.0.0.1:" in done.stderr
+    assert "s3cret" not in done.stdout + done.stderr
     assert support.summary(summary)["epochs_run"] == 1
 
 

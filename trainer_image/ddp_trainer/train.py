@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import checkpoint, culprit, distributed, stores, tracking
+from ddp_trainer import checkpoint, culprit, distributed, logs, stores, tracking
 from ddp_trainer.batches import (
     Batches,
     Normalizer,
@@ -197,9 +197,7 @@ class Recipe:
         self.options = options
         self.world = world = distributed.discover_world(os.environ)
         distributed.export_world(world, os.environ)
-        logging.basicConfig(
-            level=logging.INFO, format=f"ddp_trainer[rank {world.rank}]: %(message)s", force=True
-        )
+        logs.setup(world.rank)
         self.device = distributed.pick_device(options.device, world, os.environ)
         self.compute_clock = distributed.ComputeClock(self.device)
         distributed.set_cpu_threads(world, os.environ)
