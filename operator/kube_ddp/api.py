@@ -502,7 +502,19 @@ class PodTemplateOverrides(Model):
         description="Scheduler for worker pods; unset: the default scheduler, or the one "
         "scheduling.gang names (volcano, scheduler-plugins-scheduler).",
     )
-    service_account_name: str | None = Field(None, description="ServiceAccount for worker pods.")
+    service_account_name: str | None = Field(
+        None,
+        description="ServiceAccount for worker pods (default: the job's own, <job>-trainer). "
+        "It reports no progress unless serviceAccountReports is true.",
+    )
+    service_account_reports: bool = Field(
+        False,
+        description="Bind serviceAccountName to the job's status Role, so that rank 0 and the "
+        "pod agent report progress (status.training, status.rankRestart) as that account. "
+        "Every pod running as it may then write those fields of this job. Off: the workers "
+        "report nothing (no progress, no learned progress deadline, in-place rank restarts "
+        "not counted in status.restarts).",
+    )
     security_context: FreeForm | None = Field(
         None,
         description="Pod security context (Kubernetes PodSecurityContext), merged over "

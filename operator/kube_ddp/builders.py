@@ -130,7 +130,11 @@ def contract_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[O
         contract.JOB_NAME: job.name,
         contract.JOB_NAMESPACE: job.namespace,
         contract.ATTEMPT: str(attempt),
+        # empty: the pod's own API server, token and CA, whatever an envFrom source says
+        **dict.fromkeys(contract.REPORTER_ENV, ""),
     }
+    if not reports(job):
+        values[contract.REPORT_ENV] = "false"
     if spec.restarts_in_place:  # the agent applies the failure rules to its own ranks
         policy = spec.run_policy
         values[contract.RESTART_POLICY_ENV] = policy.restart_policy
@@ -552,7 +556,8 @@ def _pod_spec(job: DDPTrainingJob, containers: list[Obj]) -> Obj:
         "affinity": template.affinity,
         "priorityClassName": template.priority_class_name,
         "schedulerName": template.scheduler_name,
-        # The user's account wins; the reporter's RoleBinding names it too.
+        # The user's account wins; the reporter's RoleBinding names it only when the job
+        # says so (`reports`).
         "serviceAccountName": template.service_account_name or reporter_account(job),
         "securityContext": pod_security_context(spec),
         "topologySpreadConstraints": template.topology_spread_constraints or None,
@@ -582,11 +587,19 @@ def reporter_account(job: DDPTrainingJob) -> str:
     return f"{job.name}-trainer"
 
 
+def reports(job: DDPTrainingJob) -> bool:
+    """Whether the workers' account may report on the job: the job's own account, or the
+    template's serviceAccountName where template.serviceAccountReports says so (every pod of
+    that account may then write this job's reported status fields)."""
+    template = job.spec.template
+    return template.service_account_name is None or template.service_account_reports
+
+
 def build_reporter_rbac(job: DDPTrainingJob) -> list[Obj]:
     """ServiceAccount, Role and RoleBinding that allow exactly one thing: get and patch this
     job's status (the trainer's rank 0 writes status.training through them). The binding
-    names the job's own account and, when the template names one, the user's account the
-    workers then run as."""
+    names the job's own account and, where `reports`, the user's account the workers then
+    run as."""
     account = reporter_account(job)
     labels = job_labels(job)
     return [
@@ -619,7 +632,9 @@ def build_reporter_rbac(job: DDPTrainingJob) -> list[Obj]:
             },
             "subjects": [
                 {"kind": "ServiceAccount", "name": name, "namespace": job.namespace}
-                for name in dict.fromkeys([account, job.spec.template.service_account_name])
+                for name in dict.fromkeys(
+                    [account, job.spec.template.service_account_name if reports(job) else None]
+                )
                 if name
             ],
         },

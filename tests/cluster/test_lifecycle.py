@@ -188,20 +188,27 @@ def test_trainer_reports_progress_with_the_jobs_own_account(
     assert jobs.wait_phase("mine", "Succeeded")["training"]["epoch"] == 3
 
 
-def test_the_users_service_account_keeps_the_reporters_rights(
+def test_the_users_service_account_reports_only_when_the_job_says_so(
     cluster: Cluster, jobs: Jobs, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    """template.serviceAccountName: the workers run as the user's account, and rank 0's
-    report through that account's token is still allowed (the job's RoleBinding names it)."""
+    """template.serviceAccountName: the workers run as the user's account, which other pods
+    may share. Its token may not write the job's status unless template.serviceAccountReports
+    binds it (the pods are told not to try); with it, rank 0's report is allowed."""
     cluster.core.create_namespaced_service_account(jobs.namespace, {"metadata": {"name": "mine"}})
-    jobs.create(job_manifest("own-account", **CPU_2, template={"serviceAccountName": "mine"}))
-    pods = jobs.wait_pods("own-account", 2)
-    assert {p.spec.service_account_name for p in pods} == {"mine"}
-    env = reporter_env(cluster, jobs, "own-account", "mine", tmp_path / "token")
-    reporter = StatusReporter.from_env(env)
-    assert reporter is not None
-    assert reporter.report(epoch_3_report()) is True
-    assert jobs.status("own-account")["training"]["epoch"] == 3
+    jobs.create(job_manifest("unbound", **CPU_2, template={"serviceAccountName": "mine"}))
+    template = {"serviceAccountName": "mine", "serviceAccountReports": True}
+    jobs.create(job_manifest("bound", **CPU_2, template=template))
+    for job in ("unbound", "bound"):
+        pods = jobs.wait_pods(job, 2)
+        assert {p.spec.service_account_name for p in pods} == {"mine"}
+        told = {e.name: e.value for e in pods[0].spec.containers[0].env}.get("KUBEDDP_REPORT")
+        assert told == ("false" if job == "unbound" else None)
+        env = reporter_env(cluster, jobs, job, "mine", tmp_path / "token")
+        reporter = StatusReporter.from_env(env)
+        assert reporter is not None
+        assert reporter.report(epoch_3_report()) is (job == "bound")
+    assert "training" not in jobs.status("unbound")
+    assert jobs.status("bound")["training"]["epoch"] == 3
 
 
 def test_a_workers_token_cannot_steer_the_job(

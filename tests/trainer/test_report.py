@@ -104,6 +104,34 @@ def test_reporter_is_enabled_only_by_the_operators_env(token_file: Path) -> None
     reporter = StatusReporter.from_env(in_cluster)
     assert reporter is not None
     assert reporter.url == "https://[fd00::1]:443" + STATUS_PATH
+    # the operator sets the overrides empty in a pod: the in-cluster values stand
+    emptied = {**in_cluster, "KUBEDDP_API_SERVER": "", "KUBEDDP_CA_FILE": ""}
+    assert getattr(StatusReporter.from_env(emptied), "url", None) == reporter.url
+    assert StatusReporter.from_env({**in_cluster, "KUBEDDP_REPORT": "false"}) is None
+
+
+@pytest.mark.parametrize(
+    ("api_server", "sent"),
+    [
+        ("http://10.0.0.1:6443", False),
+        ("http://api.example.com", False),
+        ("ftp://127.0.0.1", False),
+        ("http://127.0.0.1:6443", True),
+        ("http://[::1]:6443", True),
+        ("http://localhost:6443", True),
+        ("https://api.example.com", True),
+    ],
+)
+def test_the_token_goes_over_https_or_to_loopback_only(
+    token_file: Path, api_server: str, sent: bool
+) -> None:
+    env = {
+        "KUBEDDP_JOB_NAME": "mnist",
+        "KUBEDDP_JOB_NAMESPACE": "team-a",
+        "KUBEDDP_API_SERVER": api_server,
+        "KUBEDDP_TOKEN_FILE": str(token_file),
+    }
+    assert (StatusReporter.from_env(env) is not None) is sent
 
 
 def test_report_merge_patches_the_status_with_the_current_token(

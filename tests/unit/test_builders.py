@@ -96,6 +96,10 @@ def every_worker_gets(index_env: dict[str, str]) -> dict[str, str]:
         "KUBEDDP_JOB_NAME": "bar",
         "KUBEDDP_JOB_NAMESPACE": "ns1",
         "KUBEDDP_ATTEMPT": "2",
+        # empty: the pod's own API server, token and CA (no envFrom source can redirect them)
+        "KUBEDDP_API_SERVER": "",
+        "KUBEDDP_TOKEN_FILE": "",
+        "KUBEDDP_CA_FILE": "",
         "KUBEDDP_POD_NAME": "fieldRef:metadata.name",  # where a rank ran, to name one that hung
         "KUBEDDP_NODE_NAME": "fieldRef:spec.nodeName",
         **{f"PET_{name}": index_env[name] for name in mirrored},
@@ -323,11 +327,35 @@ def test_reporter_may_only_touch_its_own_jobs_status() -> None:
     assert {p["spec"]["serviceAccountName"] for p in pods} == {"bar-trainer"}
 
 
-def test_the_users_service_account_keeps_the_reporters_rights() -> None:
+def worker_values(pod: dict[str, Any]) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_the_users_service_account_reports_only_when_the_job_says_so() -> None:
+    """Binding the user's account would let every pod of it write this job's reported
+    status: without serviceAccountReports it is left unbound, and the trainer told so."""
     job = make_job(**GPU_2X8, template={"serviceAccountName": "mine"})
     _, _, account, _, binding, *pods = build_children(job, settings=SETTINGS)
-    assert [s["name"] for s in binding["subjects"]] == [account["metadata"]["name"], "mine"]
+    assert [s["name"] for s in binding["subjects"]] == [account["metadata"]["name"]]
     assert {p["spec"]["serviceAccountName"] for p in pods} == {"mine"}
+    assert {worker_values(p)["KUBEDDP_REPORT"] for p in pods} == {"false"}
+
+    job = make_job(
+        **GPU_2X8, template={"serviceAccountName": "mine", "serviceAccountReports": True}
+    )
+    _, _, account, _, binding, *pods = build_children(job, settings=SETTINGS)
+    assert [s["name"] for s in binding["subjects"]] == [account["metadata"]["name"], "mine"]
+    assert all("KUBEDDP_REPORT" not in worker_values(p) for p in pods)
+
+
+def test_no_env_from_source_can_redirect_the_reports() -> None:
+    """An explicit env entry wins over envFrom: the reporter's overrides are set empty."""
+    job = make_job(
+        **GPU_2X8, template={"container": {"envFrom": [{"configMapRef": {"name": "x"}}]}}
+    )
+    pods = build_children(job, settings=SETTINGS)[5:]
+    for name in ("KUBEDDP_API_SERVER", "KUBEDDP_TOKEN_FILE", "KUBEDDP_CA_FILE"):
+        assert {worker_values(p)[name] for p in pods} == {""}
 
 
 def test_service_is_headless_and_selects_the_job() -> None:
@@ -881,6 +909,7 @@ def test_reserved_env_is_exactly_what_the_builders_set() -> None:
         make_job(nodes=2),  # restarts in place: the agent's failure rules
         make_job(nodes=2, elastic={"minNodes": 1, "maxNodes": 3}),
         make_job(nodes=2, launcher="mpi"),
+        make_job(nodes=1, template={"serviceAccountName": "mine"}),  # KUBEDDP_REPORT
     ]
     injected: set[str] = set()
     for job in shapes:

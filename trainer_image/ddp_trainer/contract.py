@@ -16,10 +16,17 @@ API_GROUP: Final = "kubeddp.io"
 API_VERSION: Final = "v1alpha1"
 API_PLURAL: Final = "ddptrainingjobs"
 # Where rank 0 reports instead of the in-cluster API server, and the token and CA it uses there:
-# `kube-ddp run --local` (and the tests) set them; unset, the pod's service account's are used.
+# `kube-ddp run --local` (and the tests) set them; empty or unset, the pod's service account's
+# are used. The operator sets all three empty on every worker, so that no `envFrom` source can
+# send the job's token elsewhere (an explicit env entry wins over envFrom).
 API_SERVER_ENV: Final = "KUBEDDP_API_SERVER"
 TOKEN_FILE_ENV: Final = "KUBEDDP_TOKEN_FILE"
 CA_FILE_ENV: Final = "KUBEDDP_CA_FILE"
+REPORTER_ENV: Final = (API_SERVER_ENV, TOKEN_FILE_ENV, CA_FILE_ENV)
+# "false" where the pods run as an account the job does not let report (the template's own
+# serviceAccountName without template.serviceAccountReports): rank 0 and the agent then
+# report nothing rather than retry a refused request.
+REPORT_ENV: Final = "KUBEDDP_REPORT"
 
 # --- how a worker runs the trainer ----------------------------------------------------------
 TRAINER_MODULE: Final = "ddp_trainer"  # python -m ddp_trainer
@@ -96,6 +103,8 @@ RESERVED_ENV: Final = (
     JOB_NAMESPACE,
     ATTEMPT,
     *FIELD_OF,
+    *REPORTER_ENV,
+    REPORT_ENV,
     RESTART_POLICY_ENV,
     RETRYABLE_EXIT_CODES_ENV,
 )

@@ -3,14 +3,17 @@
 Only the standard library (urllib, ssl): the trainer image needs no Kubernetes client. The
 pod's service account must be allowed to `patch` `ddptrainingjobs/status` in group kubeddp.io.
 
-Environment (the first two are set by the operator; the rest default to the in-cluster values
-and can be overridden, e.g. to test against a local API server):
+Environment (the operator sets the job's name and namespace, the next three empty so that no
+envFrom source can redirect the token, and KUBEDDP_REPORT; `kube-ddp run --local` and the
+tests point the three at a local API server):
 
   KUBEDDP_JOB_NAME, KUBEDDP_JOB_NAMESPACE   which DDPTrainingJob to patch
-  KUBEDDP_API_SERVER   base URL; default https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+  KUBEDDP_API_SERVER   base URL, https or a loopback http://;
+                       default https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
   KUBEDDP_TOKEN_FILE   bearer token, re-read each time (tokens rotate);
                        default /var/run/secrets/kubernetes.io/serviceaccount/token
   KUBEDDP_CA_FILE      CA bundle for https; default .../serviceaccount/ca.crt
+  KUBEDDP_REPORT       "false" where the pods' account may not report: nothing is sent
 
 A failed report logs a warning and backs off (5 s, doubling up to 5 min; the last epoch's
 report is tried regardless); it never raises, so it never stops training.
@@ -18,6 +21,7 @@ report is tried regardless); it never raises, so it never stops training.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
@@ -245,7 +249,20 @@ class StatusReporter:
         name, namespace = env.get(contract.JOB_NAME), env.get(contract.JOB_NAMESPACE)
         if not (name and namespace):
             return None
+        if env.get(contract.REPORT_ENV) == "false":
+            log.info(
+                "not reporting progress: the pods' ServiceAccount may not report on the job "
+                "(template.serviceAccountReports)"
+            )
+            return None
         api_server = env.get(contract.API_SERVER_ENV) or _in_cluster_api_server(env)
+        if api_server and not _private(api_server):
+            log.warning(
+                "not reporting progress to %s: the token goes over https only, or to this "
+                "machine (loopback)",
+                api_server,
+            )
+            return None
         token_file = Path(env.get(contract.TOKEN_FILE_ENV) or SERVICE_ACCOUNT_DIR / "token")
         if not api_server or not token_file.is_file():
             log.info("not reporting progress: no API server address or no token at %s", token_file)
@@ -288,6 +305,19 @@ class StatusReporter:
         context = self.ssl_context if self.url.startswith("https:") else None
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S, context=context):
             pass
+
+
+def _private(url: str) -> bool:
+    """Whether a bearer token may go to `url`: https, or plain http to loopback only."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "https":
+        return True
+    if parts.scheme != "http":
+        return False
+    try:
+        return ipaddress.ip_address(parts.hostname or "").is_loopback
+    except ValueError:
+        return parts.hostname == "localhost"
 
 
 def _in_cluster_api_server(env: Mapping[str, str]) -> str | None:
