@@ -178,6 +178,20 @@ REJECTIONS = [
         "spec.checkpointStore.secretName: String should match pattern",
         "spec.checkpointStore.secretName: Invalid value",
     ),
+    *(
+        Rejection(
+            f"{field} a path",
+            {"nodes": 1, "template": {field: "../../api/v1/namespaces/kube-system/secrets"}},
+            f"spec.template.{field}: String should match pattern",
+            f"spec.template.{field}: Invalid value",
+        )
+        for field in (
+            "priorityClassName",
+            "schedulerName",
+            "serviceAccountName",
+            "runtimeClassName",
+        )
+    ),
     Rejection(
         "gang larger than the job",
         {"nodes": 2, "scheduling": {"gang": {"minMember": 3}}},

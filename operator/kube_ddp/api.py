@@ -125,6 +125,10 @@ MAX_NAME_LENGTH = 63 - len("-worker-") - len(str(MAX_NODES - 1))
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
 Quantity = int | Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+# A Kubernetes object name (a DNS subdomain), as the API server checks a Secret's, a
+# PriorityClass's or a ServiceAccount's name: one path segment, no dot-segment, no slash.
+_OBJECT_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=_OBJECT_NAME)]
 FreeForm = dict[str, Any]
 Obj = dict[str, Any]  # a Kubernetes object as JSON: one the API server sent, or one built for it
 
@@ -496,13 +500,15 @@ class PodTemplateOverrides(Model):
     volume_mounts: list[FreeForm] = Field(
         default_factory=list, description="Extra mounts in the trainer container."
     )
-    priority_class_name: str | None = Field(None, description="PriorityClass of worker pods.")
-    scheduler_name: str | None = Field(
+    priority_class_name: ObjectName | None = Field(
+        None, description="PriorityClass of worker pods."
+    )
+    scheduler_name: ObjectName | None = Field(
         None,
         description="Scheduler for worker pods; unset: the default scheduler, or the one "
         "scheduling.gang names (volcano, scheduler-plugins-scheduler).",
     )
-    service_account_name: str | None = Field(
+    service_account_name: ObjectName | None = Field(
         None,
         description="ServiceAccount for worker pods (default: the job's own, <job>-trainer). "
         "It reports no progress unless serviceAccountReports is true.",
@@ -539,7 +545,7 @@ class PodTemplateOverrides(Model):
     topology_spread_constraints: list[FreeForm] = Field(
         default_factory=list, description="Topology spread constraints of the worker pods."
     )
-    runtime_class_name: str | None = Field(None, description="RuntimeClass of worker pods.")
+    runtime_class_name: ObjectName | None = Field(None, description="RuntimeClass of worker pods.")
     termination_grace_period_seconds: int | None = Field(
         None, ge=0, description="Seconds a deleted worker gets to stop before it is killed."
     )
@@ -699,10 +705,6 @@ _CEL_BACKEND_FITS = (
     )
     + ")"
 )
-
-
-# A Kubernetes object name (a DNS subdomain), as a Secret's name must be.
-_OBJECT_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
 class CheckpointStore(Model):

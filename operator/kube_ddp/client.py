@@ -48,7 +48,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, get_args
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 from kube_ddp import clusterview, names
 from kube_ddp.api import (
@@ -380,7 +380,7 @@ class TrainerClient:
         pod = self._worker_pod(name, worker)
         query = {"container": names.TRAINER_CONTAINER, **({"follow": "true"} if follow else {})}
         pods_path = collection_path("v1", "Pod", self.namespace)
-        path = f"{pods_path}/{quote(pod)}/log?{urlencode(query)}"
+        path = f"{pods_path}/{names.path_segment(pod)}/log?{urlencode(query)}"
         return self._log_lines(path, f"worker {worker} of job {name} (pod {pod})", name)
 
     def _log_lines(self, path: str, whose: str, job: str) -> Iterator[str]:

@@ -17,6 +17,7 @@ from urllib.parse import quote
 import aiohttp
 import kopf
 import orjson
+import yarl
 
 from kube_ddp import gang, kueue, names
 from kube_ddp.api import Obj
@@ -154,15 +155,26 @@ def _kubeconfig_read_from(path: str) -> Iterator[None]:
 
 def collection_path(api_version: str, kind: str, namespace: str) -> str:
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    return f"{base}/namespaces/{namespace}/{PLURALS[api_version, kind]}"
+    return f"{base}/namespaces/{names.path_segment(namespace)}/{PLURALS[api_version, kind]}"
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str) -> str:
+    return f"{collection_path(api_version, kind, namespace)}/{names.path_segment(name)}"
+
+
+def request_url(server: str, path: str) -> yarl.URL:
+    """The URL of `path` on `server`, the path's segments escaped already
+    (`names.path_segment`): taken as it is, never normalised, so a segment's `%2E%2E` stays a
+    name and is not resolved to the segment above."""
+    return yarl.URL(server + path, encoded=True)
 
 
 def job_path(namespace: str, name: str) -> str:
-    return f"{collection_path(names.API_VERSION, names.KIND, namespace)}/{name}"
+    return object_path(names.API_VERSION, names.KIND, namespace, name)
 
 
 def workload_path(namespace: str, name: str) -> str:
-    return f"{collection_path(kueue.API_VERSION, kueue.WORKLOAD_KIND, namespace)}/{name}"
+    return object_path(kueue.API_VERSION, kueue.WORKLOAD_KIND, namespace, name)
 
 
 # Connections to the API server at most, shared by every reconcile. Each open TLS connection
@@ -207,7 +219,7 @@ class Kube:
             headers = {"Content-Type": content_type or "application/json"}
             data = orjson.dumps(body) if body is not None else None
             async with session.request(
-                method, self._server + path, data=data, headers=headers
+                method, request_url(self._server, path), data=data, headers=headers
             ) as response:
                 raw = await response.read()
                 if not 200 <= response.status <= 299:
@@ -225,7 +237,7 @@ class Kube:
         no time limit but the server's."""
         session = self._session or self._open()
         async with session.get(
-            self._server + path, timeout=aiohttp.ClientTimeout(total=None)
+            request_url(self._server, path), timeout=aiohttp.ClientTimeout(total=None)
         ) as response:
             if not 200 <= response.status <= 299:
                 raise _error_of(response, await response.read())
@@ -244,7 +256,7 @@ class Kube:
             owner = _controller_of(obj)
             if dry_run or owner is None:
                 return None
-            holder = await self.get(f"{collection}/{obj['metadata']['name']}")
+            holder = await self.get(f"{collection}/{names.path_segment(obj['metadata']['name'])}")
             if holder is None:
                 raise  # gone since: the next look creates it
             held = _controller_of(holder)
@@ -301,7 +313,7 @@ class Kube:
             body["gracePeriodSeconds"] = grace
         if uid is not None:
             body["preconditions"] = {"uid": uid}
-        path = f"{collection_path('v1', 'Pod', namespace)}/{name}"
+        path = object_path("v1", "Pod", namespace, name)
         with contextlib.suppress(NotFoundError, ConflictError):  # 409: the precondition
             await self.request("DELETE", path, body or None)
 
@@ -316,7 +328,7 @@ class Kube:
     async def delete_mpijob(self, namespace: str, name: str) -> None:
         """Delete an MPIJob in the foreground: it is gone only once its pods are, so the next
         attempt's MPIJob of the same name never meets the last one's children."""
-        path = f"{collection_path(names.MPIJOB_API_VERSION, names.MPIJOB_KIND, namespace)}/{name}"
+        path = object_path(names.MPIJOB_API_VERSION, names.MPIJOB_KIND, namespace, name)
         with contextlib.suppress(NotFoundError):
             await self.request("DELETE", path, {"propagationPolicy": "Foreground"})
 
@@ -325,7 +337,7 @@ class Kube:
     ) -> None:
         """Set the MPIJob's runPolicy.suspend; `placement`: JSON patch operations applied with
         it (`launchers.mpi.mpijob_placement`)."""
-        path = f"{collection_path(names.MPIJOB_API_VERSION, names.MPIJOB_KIND, namespace)}/{name}"
+        path = object_path(names.MPIJOB_API_VERSION, names.MPIJOB_KIND, namespace, name)
         suspended = {"op": "add", "path": "/spec/runPolicy/suspend", "value": suspend}
         with contextlib.suppress(NotFoundError):
             await self.request("PATCH", path, [*placement, suspended], JSON_PATCH)

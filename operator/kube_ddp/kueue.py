@@ -155,14 +155,15 @@ def priority_class(job: DDPTrainingJob) -> Obj | None:
 
 def flavor_path(name: str) -> str:
     """Where a ResourceFlavor (cluster-scoped) is read."""
-    return f"/apis/{API_VERSION}/{RESOURCE_FLAVORS}/{name}"
+    return f"/apis/{API_VERSION}/{RESOURCE_FLAVORS}/{names.path_segment(name)}"
 
 
 def priority_class_path(ref: Mapping[str, str]) -> str:
     """Where the class `priority_class` names is read (both kinds are cluster-scoped)."""
+    name = names.path_segment(ref["name"])
     if ref["group"] == GROUP:
-        return f"/apis/{API_VERSION}/{PRIORITY_CLASSES}/{ref['name']}"
-    return f"/apis/{POD_PRIORITY_GROUP}/v1/priorityclasses/{ref['name']}"
+        return f"/apis/{API_VERSION}/{PRIORITY_CLASSES}/{name}"
+    return f"/apis/{POD_PRIORITY_GROUP}/v1/priorityclasses/{name}"
 
 
 def workload_name(job: DDPTrainingJob) -> str:

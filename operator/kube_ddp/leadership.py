@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from kube_ddp import names
 from kube_ddp.api import Obj
 from kube_ddp.config import LeaseSettings
 from kube_ddp.kube import ApiError, ConflictError, Kube, NotFoundError
@@ -89,7 +90,11 @@ class LeaseElector:
 
     @property
     def path(self) -> str:
-        return f"{LEASE_API}/namespaces/{self.settings.namespace}/leases/{self.settings.name}"
+        return f"{self.collection}/{names.path_segment(self.settings.name)}"
+
+    @property
+    def collection(self) -> str:
+        return f"{LEASE_API}/namespaces/{names.path_segment(self.settings.namespace)}/leases"
 
     def _observe(self, spec: Obj) -> None:
         record = record_of(spec)
@@ -135,9 +140,7 @@ class LeaseElector:
             "spec": spec,
         }
         try:
-            created = await self.kube.request(
-                "POST", f"{LEASE_API}/namespaces/{self.settings.namespace}/leases", lease
-            )
+            created = await self.kube.request("POST", self.collection, lease)
         except ConflictError:
             return False
         self._won(created)

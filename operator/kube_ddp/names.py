@@ -6,6 +6,7 @@ operator's names.
 """
 
 from typing import Final
+from urllib.parse import quote
 
 from ddp_trainer import contract
 from kube_ddp import __version__
@@ -86,6 +87,15 @@ DEFAULT_UNREACHABLE_TOLERATION_SECONDS: Final = 10
 # while it stays so (an image pull looks the same and may take minutes).
 MOUNT_LOOK_AFTER_SECONDS: Final = 10
 MOUNT_RELOOK_SECONDS: Final = 30
+
+
+def path_segment(name: str) -> str:
+    """`name` as one segment of a request path: every character but letters, digits and
+    `-._~` escaped, and a dot-segment (`.`, `..`), which an HTTP library would resolve, as
+    `%2E`s, so that no name, whoever wrote it, reaches another path."""
+    if name in (".", ".."):
+        return name.replace(".", "%2E")
+    return quote(name, safe="")
 
 
 def worker_name(job: str, index: int) -> str:

@@ -7,6 +7,7 @@ import copy
 import json
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
@@ -14,7 +15,7 @@ from kube_ddp import kueue, names
 from kube_ddp.api import DDPTrainingJob, JobStatus, load_job
 from kube_ddp.builders import BuildSettings, job_labels
 from kube_ddp.controller import Controller
-from kube_ddp.kube import workload_path
+from kube_ddp.kube import request_url, workload_path
 from kube_ddp.launchers import build_children, kueue_pods
 from kube_ddp.launchers.mpi import LAUNCHER_REQUESTS
 from kube_ddp.reasons import Reason
@@ -506,3 +507,15 @@ def test_mpi_readmission_replaces_the_former_flavors_on_the_mpijob() -> None:
     for replica in ("Launcher", "Worker"):
         path = f"/spec/mpiReplicaSpecs/{replica}/template/spec/nodeSelector"
         assert ops[path] == {"pool": "b"}  # a's key gone
+
+
+@pytest.mark.parametrize("name", ["..", ".", "../../api/v1/secrets", "a/b", "x?y#z"])
+def test_a_name_is_one_path_segment_whatever_it_holds(name: str) -> None:
+    """Names reach request paths escaped: none climbs out of its collection, and the URL the
+    client sends keeps the escape rather than resolving it."""
+    path = kueue.priority_class_path({"group": "scheduling.k8s.io", "name": name})
+    prefix = "/apis/scheduling.k8s.io/v1/priorityclasses/"
+    segment = path.removeprefix(prefix)
+    assert path.startswith(prefix) and "/" not in segment and segment not in (".", "..")
+    assert unquote(segment) == name
+    assert request_url("https://api:6443", path).raw_path == path
