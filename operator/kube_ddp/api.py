@@ -1047,6 +1047,7 @@ ConditionType = Literal[
     "Schedulable",
     "ContainersStarted",
     "Straggler",
+    "ReconcileFailing",
 ]
 
 

@@ -63,6 +63,7 @@ from kube_ddp.status import (
     reject,
     wait_for_kind,
 )
+from kube_ddp.status.draft import set_condition
 from kube_ddp.status.trust import (
     REPORTED_KEYS,
     ignored_message,
@@ -567,7 +568,8 @@ class Controller:
         else:
             if key not in self.held_until:  # a held reconcile keeps the backoff growing
                 self.failures.pop(key, None)
-            self.failing_said.pop(key, None)
+            if self.failing_said.pop(key, None) is not None:
+                await self._set_failing_condition(key, None)
             if key not in self.synced:
                 self.synced.add(key)
                 metrics.JOBS_SYNCED.inc()
@@ -591,6 +593,38 @@ class Controller:
             )
         except Exception as failed:  # the API server may be what fails: the log still says it
             log.warning("%s/%s: could not post %s: %s", *key, Reason.RECONCILE_FAILING, failed)
+        await self._set_failing_condition(key, message)
+
+    async def _set_failing_condition(self, key: Key, message: str | None) -> None:
+        """The job's ReconcileFailing condition: True with `message` while its reconcile
+        fails, False (None) once one succeeds again. Written as the operator's own, so the
+        record of what it decided (`decided`, status/trust.py) holds it too; a write that
+        fails is logged, the Event and the log having said the rest."""
+        body = self.jobs.get(key)
+        if body is None:
+            return
+        known = self.decided.get(key)
+        base = known[2] if known is not None else read_status(body.get("status"))[0]
+        conditions = set_condition(
+            base.conditions,
+            "ReconcileFailing",
+            "True" if message is not None else "False",
+            Reason.RECONCILE_FAILING if message is not None else Reason.RECONCILED,
+            message if message is not None else "the last reconcile succeeded",
+            utcnow(),
+        )
+        written = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conditions]
+        try:
+            updated = await self.kube.patch_job_status(*key, {"conditions": written})
+        except Exception as failed:
+            log.warning("%s/%s: could not set ReconcileFailing: %s", *key, failed)
+            return
+        if updated is None:
+            return
+        self.jobs.offer(key, updated)
+        if known is not None:
+            status = known[2].model_copy(update={"conditions": conditions})
+            self.decided[key] = (known[0], _resource_version(updated), status)
 
     async def _act(
         self, key: Key, body: dict[str, Any], job: DDPTrainingJob, action: Action

@@ -73,8 +73,10 @@ class Reason(StrEnum):
     # Warning Event: status fields that are not valid (a number out of range, a time without a
     # zone), ignored; the operator's own are written again
     STATUS_IGNORED = "StatusIgnored"
-    # Warning Event: the job's reconcile failed the same way several times in a row (retried)
+    # Warning Event and ReconcileFailing=True: the job's reconcile failed the same way several
+    # times in a row (retried)
     RECONCILE_FAILING = "ReconcileFailing"
+    RECONCILED = "Reconciled"  # ReconcileFailing=False: a reconcile succeeded again
 
 
 class PodReason(StrEnum):

@@ -824,15 +824,32 @@ def test_a_status_field_that_is_not_valid_is_ignored_said_once_and_the_job_goes_
 
 
 def test_a_reconcile_failing_again_and_again_says_so_on_the_job_once() -> None:
+    """A Warning once, and the condition ReconcileFailing while it lasts; the operator's own
+    write, never taken for someone else's."""
+    conditions: list[dict[str, Any]] = []
+
+    def failing_condition(fake: FakeApi) -> dict[str, Any]:
+        stored = fake.jobs[STATUS.removesuffix("/status")]["status"]["conditions"]
+        return next(c for c in stored if c["type"] == "ReconcileFailing")
+
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         controller.queue.add = lambda key, after=0.0: None  # type: ignore[method-assign]
         start(fake, controller, job_body())
         fake.answer("POST", "/services$", 500, "etcdserver: request timed out\nmore", times=5)
         for _ in range(5):
             await controller.reconcile_or_retry(KEY)
+        conditions.append(failing_condition(fake))
         await controller.reconcile_or_retry(KEY)  # the server answers again
+        conditions.append(failing_condition(fake))
+        await controller.reconcile_or_retry(KEY)
 
     fake = run(scenario)
+    assert [(c["status"], c["reason"]) for c in conditions] == [
+        ("True", "ReconcileFailing"),
+        ("False", "Reconciled"),
+    ]
+    assert "etcdserver: request timed out" in conditions[0]["message"]
+    assert Reason.STATUS_OVERWRITTEN not in event_reasons(fake)
     said = [c.body for c in fake.made("POST", "/events") if c.body["reason"] == "ReconcileFailing"]
     (failing,) = said
     assert failing["type"] == "Warning"
