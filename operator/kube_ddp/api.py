@@ -1149,6 +1149,13 @@ class TrainingProgress(StatusModel):
     """Live progress, reported by rank 0 of the trainer after each epoch and, within one, every
     heartbeat."""
 
+    attempt: int | None = Field(
+        None,
+        ge=0,
+        description="The attempt (KUBEDDP_ATTEMPT) of the rank 0 that reported: a report of "
+        "another attempt than status.attempt is refused (the status policy) or not taken as "
+        "progress.",
+    )
     epoch: int | None = Field(None, description="Epochs completed.")
     epochs: int | None = Field(None, description="Epochs planned.")
     loss: float | None = Field(None, description="Training loss of the last epoch.")

@@ -41,6 +41,15 @@ def validations() -> list[dict[str, str]]:
             "reason": "Forbidden",
         }
         for key in owned_keys()
+    ] + [
+        {
+            # a rank 0 of an earlier attempt (its node cut off, its ranks still running)
+            "expression": "!object.?status.?training.?attempt.hasValue() || "
+            "object.status.training.attempt == oldObject.?status.?attempt.orValue(0)",
+            "message": "status.training.attempt is not the job's current attempt: a report "
+            "of an earlier group is not taken",
+            "reason": "Forbidden",
+        }
     ]
 
 

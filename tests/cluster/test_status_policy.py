@@ -70,6 +70,11 @@ def test_a_workers_token_may_report_progress_and_nothing_else(
     for forged in ({"replacing": [1]}, {"restarts": 5}, {"attempt": 3}, {"failure": {"pod": "x"}}):
         assert refusal(worker, jobs, "guarded", forged) is not None, forged
     assert refusal(worker, jobs, "guarded", epoch_3_report()["status"]) is None
+    # a rank 0 of an earlier attempt, still running where its node was cut off
+    training = epoch_3_report()["status"]["training"]
+    earlier = refusal(worker, jobs, "guarded", {"training": {**training, "attempt": 1}})
+    assert earlier is not None and "not the job's current attempt" in earlier
+    assert refusal(worker, jobs, "guarded", {"training": {**training, "attempt": 0}}) is None
     rank_restart = {"attempt": 0, "count": 1, "pod": "guarded-worker-1", "rank": 1}
     assert refusal(worker, jobs, "guarded", {"rankRestart": rank_restart}) is None
     status = jobs.status("guarded")

@@ -150,6 +150,26 @@ def test_report_merge_patches_the_status_with_the_current_token(
     assert first["body"] == PATCH
 
 
+def test_each_progress_report_names_the_attempt_of_the_pod(
+    api_server: FakeApiServer, token_file: Path
+) -> None:
+    """KUBEDDP_ATTEMPT on status.training: a rank 0 of an earlier attempt, cut off with its
+    node but running, is told apart from the current one's."""
+    env = {
+        "KUBEDDP_JOB_NAME": "mnist",
+        "KUBEDDP_JOB_NAMESPACE": "team-a",
+        "KUBEDDP_API_SERVER": api_server.url,
+        "KUBEDDP_TOKEN_FILE": str(token_file),
+        "KUBEDDP_ATTEMPT": "2",
+    }
+    reporter = StatusReporter.from_env(env)
+    assert reporter is not None and reporter.report(PATCH) is True
+    assert reporter.report({"status": {"rankRestart": {"count": 1}}}) is True
+    training, rank_restart = (r["body"]["status"] for r in api_server.requests)
+    assert training["training"] == {**PATCH["status"]["training"], "attempt": 2}
+    assert rank_restart == {"rankRestart": {"count": 1}}
+
+
 def test_failed_reports_back_off_and_never_raise(
     api_server: FakeApiServer, token_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -606,6 +606,17 @@ STALLS = [
         "Running",
     ),
     StallCase(
+        "a report of another attempt is not this one's progress",
+        report(91, attempt=3),
+        "Running",
+    ),
+    StallCase(
+        "a report of this attempt counts",
+        report(91, attempt=0),
+        "Restarting",
+        Reason.PROGRESS_DEADLINE_EXCEEDED,
+    ),
+    StallCase(
         "only while every worker runs",
         report(600),
         "Pending",

@@ -233,9 +233,13 @@ class StatusReporter:
         token_file: Path,
         ca_file: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        attempt: int | None = None,
     ) -> None:
         self.url = url
         self.token_file = token_file
+        # stamped on each status.training sent: a report of an attempt not the job's current
+        # one (a rank of a group cut off from the cluster) is refused or ignored
+        self.attempt = attempt
         self.clock = clock
         self.ssl_context = ssl.create_default_context(
             cafile=str(ca_file) if ca_file and ca_file.is_file() else None
@@ -268,7 +272,13 @@ class StatusReporter:
             log.info("not reporting progress: no API server address or no token at %s", token_file)
             return None
         ca_file = Path(env.get(contract.CA_FILE_ENV) or SERVICE_ACCOUNT_DIR / "ca.crt")
-        return cls(status_url(api_server, namespace, name), token_file, ca_file)
+        attempt = env.get(contract.ATTEMPT, "")
+        return cls(
+            status_url(api_server, namespace, name),
+            token_file,
+            ca_file,
+            attempt=int(attempt) if attempt.isdigit() else None,
+        )
 
     def report(self, patch: dict[str, Any], final: bool = False) -> bool:
         """Send the patch unless backing off (the final one is always tried); True when the
@@ -291,6 +301,12 @@ class StatusReporter:
         return True
 
     def _send(self, patch: dict[str, Any]) -> None:
+        training = patch.get("status", {}).get("training")
+        if isinstance(training, dict) and self.attempt is not None:
+            patch = {
+                **patch,
+                "status": {**patch["status"], "training": {**training, "attempt": self.attempt}},
+            }
         token = self.token_file.read_text().strip()
         request = urllib.request.Request(
             self.url,

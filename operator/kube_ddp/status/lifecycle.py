@@ -294,6 +294,8 @@ def progress_stalled(
     training = draft.status.training
     if training is None or training.updated_at is None:
         return None
+    if training.attempt is not None and training.attempt != (draft.status.attempt or 0):
+        return None  # an earlier attempt's rank 0, cut off but running: not this one's progress
     deadline = progress_deadline(job, training)
     if deadline is None:
         return None
