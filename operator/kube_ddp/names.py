@@ -52,6 +52,7 @@ MPIJOB_PLURAL: Final = "mpijobs"
 MPI_LABEL_ROLE: Final = "training.kubeflow.org/job-role"  # "launcher" or "worker"
 MPI_LABEL_REPLICA_INDEX: Final = "training.kubeflow.org/replica-index"
 MPI_LAUNCHER: Final = "launcher"
+MPI_LAUNCHER_OWNER_KIND: Final = "Job"  # the launcher pod's controller: the MPI Operator's Job
 MPI_WORKER: Final = "worker"
 
 # The trainer's exit codes the default rules retry: a failure a later attempt may not meet (a

@@ -43,11 +43,16 @@ def mpijob(attempt: int = 0, *conditions: str, **fields: Any) -> MPIJobView:
     for entry in conditions:
         type_, _, reason = entry.partition(":")
         table[type_] = ("True", reason, f"MPIJob {type_}")
+    fields.setdefault("uid", MPIJOB_UID)
     return MPIJobView(name="bar", attempt=attempt, conditions=table, **fields)
+
+
+MPIJOB_UID = "mpijob-uid"
 
 
 def launcher(phase: str = "Running", attempt: int = 0, **fields: Any) -> PodView:
     fields.setdefault("created_at", T1)
+    fields.setdefault("owner_kind", "Job")
     return PodView(
         name="bar-launcher-x7k2p",
         index=-1,
@@ -62,6 +67,8 @@ def launcher(phase: str = "Running", attempt: int = 0, **fields: Any) -> PodView
 def worker(index: int, phase: str = "Running", attempt: int = 0, **fields: Any) -> PodView:
     fields.setdefault("created_at", T0)
     fields.setdefault("scheduled", phase != "Pending")
+    fields.setdefault("owner_kind", "MPIJob")
+    fields.setdefault("owner_uid", MPIJOB_UID)
     return PodView(
         name=f"bar-worker-{index}",
         index=index,
@@ -81,6 +88,23 @@ RUNNING_PODS = [launcher(), worker(0), worker(1)]
 
 
 # --- creation and progress -------------------------------------------------------------------
+
+
+def test_pods_only_labelled_as_the_jobs_are_neither_workers_nor_its_launcher() -> None:
+    """A worker counts only where the MPIJob itself controls it, a launcher only where a batch
+    Job does: an impostor labelled as the job's launcher, exiting 0, ends nothing, and one
+    labelled as a worker is not counted."""
+    impostors = [
+        launcher("Succeeded", owner_kind=None),
+        worker(2, "Failed", owner_uid="another-mpijob", exit_code=1),
+    ]
+    alone = decide(mpi_job(started()), RUNNING_PODS, NOW, mpijob=mpijob(0, "Running"))
+    decision = decide(
+        mpi_job(started()), [*RUNNING_PODS, *impostors], NOW, mpijob=mpijob(0, "Running")
+    )
+    assert decision.status.phase == alone.status.phase == "Running"
+    assert decision.status.workers == alone.status.workers
+    assert decision.status.failure is None and decision.actions == ()
 
 
 def test_new_job_creates_its_mpijob() -> None:
@@ -330,6 +354,7 @@ def test_failures_restart_the_mpijob_or_fail_the_job(case: MPIFailCase) -> None:
         attempt=case.restarts,
         conditions=case.mpijob.conditions,
         completed=case.mpijob.completed,
+        uid=MPIJOB_UID,
     )
     pods = [PodView(**{**p.__dict__, "attempt": case.restarts}) for p in case.pods]
     job_ = mpi_job(started(restarts=case.restarts), runPolicy=case.policy)

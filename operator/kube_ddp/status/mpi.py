@@ -60,7 +60,7 @@ def decide_mpi(
     status = draft.status
     attempt = status.current_attempt
     policy = job.spec.run_policy
-    current = [p for p in pods if p.attempt == attempt]
+    current = [p for p in pods if p.attempt == attempt and made_for(p, mpijob)]
     workers = {p.index: p for p in current if p.role == names.MPI_WORKER}
     launchers = [p for p in current if p.role == names.MPI_LAUNCHER]
     count_workers(draft, job, workers)
@@ -116,6 +116,19 @@ def decide_mpi(
             reason=Reason.LAUNCHER_RUNNING,
             starting_note="; mpirun starts once all are ready",
         )
+
+
+def made_for(pod: PodView, mpijob: MPIJobView | None) -> bool:
+    """Whether the MPI Operator made `pod` for this job's MPIJob: a worker is controlled by
+    the MPIJob itself (its uid), the launcher by the batch Job the MPI Operator made for it.
+    Labels alone make nothing a worker or a launcher."""
+    if pod.role == names.MPI_WORKER:
+        return (
+            mpijob is not None
+            and pod.owner_kind == names.MPIJOB_KIND
+            and pod.owner_uid == mpijob.uid
+        )
+    return pod.role == names.MPI_LAUNCHER and pod.owner_kind == names.MPI_LAUNCHER_OWNER_KIND
 
 
 def _create_mpijob(
