@@ -249,14 +249,18 @@ class Kube:
         the same owner's (a create repeated). A name another owner's object holds raises
         `NameTakenError`. `dry_run`: only ask whether the API server (its admission included)
         would create it."""
-        collection = collection_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"])
+        metadata = obj["metadata"]
+        collection = collection_path(obj["apiVersion"], obj["kind"], metadata["namespace"])
         try:
             return await self.request("POST", collection + ("?dryRun=All" if dry_run else ""), obj)
         except ConflictError:
             owner = _controller_of(obj)
             if dry_run or owner is None:
                 return None
-            holder = await self.get(f"{collection}/{names.path_segment(obj['metadata']['name'])}")
+            path = object_path(
+                obj["apiVersion"], obj["kind"], metadata["namespace"], metadata["name"]
+            )
+            holder = await self.get(path)
             if holder is None:
                 raise  # gone since: the next look creates it
             held = _controller_of(holder)

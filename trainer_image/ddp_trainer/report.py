@@ -260,7 +260,7 @@ class StatusReporter:
             )
             return None
         api_server = env.get(contract.API_SERVER_ENV) or _in_cluster_api_server(env)
-        if api_server and not _private(api_server):
+        if api_server and not _may_carry_token(api_server):
             log.warning(
                 "not reporting progress to %s: the token goes over https only, or to this "
                 "machine (loopback)",
@@ -323,7 +323,7 @@ class StatusReporter:
             pass
 
 
-def _private(url: str) -> bool:
+def _may_carry_token(url: str) -> bool:
     """Whether a bearer token may go to `url`: https, or plain http to loopback only."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme == "https":
