@@ -152,19 +152,20 @@ async def mpijob_event(
     type: str,
     event: kopf.RawEvent,
     namespace: str | None,
-    labels: Mapping[str, str],
+    name: str | None,
     memo: Any,
     **kwargs: Any,
 ) -> None:
     """launcher mpi: our MPIJobs, kept by the controller. Not a kopf index: kopf holds every
     handler until all its indexes are filled, which would tie torchrun jobs to a kind that is
-    served only where the MPI Operator is installed."""
+    served only where the MPI Operator is installed. An MPIJob is kept for the job it is named
+    after (build_mpijob's name), never for the job its labels name: anyone who may make MPIJobs
+    can copy labels, and its owner's uid is checked against the job's (`decide_mpi`)."""
     controller = _controller(memo)
     _index(controller, kwargs)
-    job = labels.get(names.LABEL_JOB_NAME)
-    if job and namespace:
+    if name and namespace:
         view = None if type == "DELETED" else MPIJobView.from_mpijob(event["object"])
-        controller.mpijob_changed((namespace, job), view, POD_EVENT_WINDOW)
+        controller.mpijob_changed((namespace, name), view, POD_EVENT_WINDOW)
 
 
 @kopf.on.event(kueue.GROUP, kueue.VERSION, kueue.WORKLOADS, labels=OURS)

@@ -55,6 +55,13 @@ MPI_LAUNCHER: Final = "launcher"
 MPI_LAUNCHER_OWNER_KIND: Final = "Job"  # the launcher pod's controller: the MPI Operator's Job
 MPI_WORKER: Final = "worker"
 
+
+def mpi_launcher_job(mpijob: str) -> str:
+    """The batch Job the MPI Operator makes for an MPIJob's launcher (its launcherSuffix): one
+    name per namespace, so the pod it controls is that MPIJob's launcher."""
+    return f"{mpijob}-launcher"
+
+
 # The trainer's exit codes the default rules retry: a failure a later attempt may not meet (a
 # download), and a collective that timed out or a peer that went away.
 EXIT_TEMPORARY: Final = contract.EXIT_TEMPORARY

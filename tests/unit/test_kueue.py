@@ -497,7 +497,7 @@ def test_mpi_readmission_replaces_the_former_flavors_on_the_mpijob() -> None:
 
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, body)
-        controller.mpijobs[KEY] = MPIJobView(name="bar", attempt=0, suspended=True)
+        controller.mpijobs[KEY] = MPIJobView(name="bar", attempt=0, suspended=True, owner_uid=UID)
         await controller.reconcile(KEY)
 
     run(scenario, fake)

@@ -18,7 +18,7 @@ from kube_ddp.launchers.mpi import LAUNCHER_REQUESTS
 from kube_ddp.status.views import MPIJobView
 from tests.unit.fake_api import FakeApi
 from tests.unit.test_cli import BAR, render
-from tests.unit.test_controller import KEY, job_body, run, start, written_statuses
+from tests.unit.test_controller import KEY, UID, job_body, run, start, written_statuses
 from tests.unit.test_kueue import (
     ADMISSION,
     ADMITTED,
@@ -230,7 +230,7 @@ def test_an_mpi_job_kueue_placed_by_topology_unasked_resumes_gated() -> None:
 
     async def scenario(fake: FakeApi, controller: Controller) -> None:
         start(fake, controller, body)
-        controller.mpijobs[KEY] = MPIJobView(name="bar", attempt=0, suspended=True)
+        controller.mpijobs[KEY] = MPIJobView(name="bar", attempt=0, suspended=True, owner_uid=UID)
         await controller.reconcile(KEY)  # the admission written on the job, the MPIJob resumed
 
     run(scenario, fake)

@@ -22,7 +22,7 @@ from kube_ddp.status import (
     SuspendMPIJob,
     decide,
 )
-from tests.unit.test_status import NOW, condition, job
+from tests.unit.test_status import NOW, UID, condition, job
 
 T0 = "2026-11-22T11:55:00Z"  # the attempt's pods were created
 T1 = "2026-11-22T11:56:00Z"  # the launcher started (once the workers were ready)
@@ -44,6 +44,7 @@ def mpijob(attempt: int = 0, *conditions: str, **fields: Any) -> MPIJobView:
         type_, _, reason = entry.partition(":")
         table[type_] = ("True", reason, f"MPIJob {type_}")
     fields.setdefault("uid", MPIJOB_UID)
+    fields.setdefault("owner_uid", UID)
     return MPIJobView(name="bar", attempt=attempt, conditions=table, **fields)
 
 
@@ -53,6 +54,7 @@ MPIJOB_UID = "mpijob-uid"
 def launcher(phase: str = "Running", attempt: int = 0, **fields: Any) -> PodView:
     fields.setdefault("created_at", T1)
     fields.setdefault("owner_kind", "Job")
+    fields.setdefault("owner_name", "bar-launcher")
     return PodView(
         name="bar-launcher-x7k2p",
         index=-1,
@@ -96,6 +98,7 @@ def test_pods_only_labelled_as_the_jobs_are_neither_workers_nor_its_launcher() -
     labelled as a worker is not counted."""
     impostors = [
         launcher("Succeeded", owner_kind=None),
+        launcher("Failed", owner_name="another-launcher", exit_code=1, finished_at=T2),
         worker(2, "Failed", owner_uid="another-mpijob", exit_code=1),
     ]
     alone = decide(mpi_job(started()), RUNNING_PODS, NOW, mpijob=mpijob(0, "Running"))
@@ -105,6 +108,22 @@ def test_pods_only_labelled_as_the_jobs_are_neither_workers_nor_its_launcher() -
     assert decision.status.phase == alone.status.phase == "Running"
     assert decision.status.workers == alone.status.workers
     assert decision.status.failure is None and decision.actions == ()
+
+
+def test_an_mpijob_of_the_jobs_name_that_it_does_not_own_is_never_its_own() -> None:
+    """An MPIJob the job does not control (another owner's uid, or none) is neither deleted,
+    suspended nor read: a new job creates its own, which the API server refuses as taken."""
+    for owner in ("another-job-uid", None):
+        foreign = mpijob(0, "Running", owner_uid=owner)
+        earlier = mpijob(0, "Failed", completed=True, owner_uid=owner)
+        decision = decide(mpi_job(), [], NOW, mpijob=foreign)
+        assert decision.actions == (CreateWorkers(attempt=0, indices=()),)
+        restarting = decide(mpi_job(started("Restarting", restarts=1)), [], NOW, mpijob=earlier)
+        assert restarting.actions == (CreateWorkers(attempt=1, indices=()),)
+        suspending = decide(
+            mpi_job(started(), runPolicy={"suspend": True}), [], NOW, mpijob=foreign
+        )
+        assert not any(isinstance(a, SuspendMPIJob) for a in suspending.actions)
 
 
 def test_new_job_creates_its_mpijob() -> None:
@@ -355,6 +374,7 @@ def test_failures_restart_the_mpijob_or_fail_the_job(case: MPIFailCase) -> None:
         conditions=case.mpijob.conditions,
         completed=case.mpijob.completed,
         uid=MPIJOB_UID,
+        owner_uid=UID,
     )
     pods = [PodView(**{**p.__dict__, "attempt": case.restarts}) for p in case.pods]
     job_ = mpi_job(started(restarts=case.restarts), runPolicy=case.policy)
@@ -393,7 +413,7 @@ def test_a_restart_removes_the_old_mpijob_before_creating_the_next() -> None:
     restarting = mpi_job(started("Restarting", restarts=1))
     old = mpijob(0, "Created", "Failed", completed=True)
     assert decide(restarting, [], NOW, mpijob=old).actions == (DeleteMPIJob("bar"),)
-    going = MPIJobView(name="bar", attempt=0, deleting=True)
+    going = MPIJobView(name="bar", attempt=0, deleting=True, owner_uid=UID)
     assert decide(restarting, [], NOW, mpijob=going).actions == ()
     decision = decide(restarting, [], NOW)
     assert decision.actions == (CreateWorkers(attempt=1, indices=()),)

@@ -60,6 +60,8 @@ def decide_mpi(
     status = draft.status
     attempt = status.current_attempt
     policy = job.spec.run_policy
+    if mpijob is not None and mpijob.owner_uid != job.metadata.uid:
+        mpijob = None  # another object's of the same name: creating ours says it is taken
     current = [p for p in pods if p.attempt == attempt and made_for(p, mpijob)]
     workers = {p.index: p for p in current if p.role == names.MPI_WORKER}
     launchers = [p for p in current if p.role == names.MPI_LAUNCHER]
@@ -120,15 +122,17 @@ def decide_mpi(
 
 def made_for(pod: PodView, mpijob: MPIJobView | None) -> bool:
     """Whether the MPI Operator made `pod` for this job's MPIJob: a worker is controlled by
-    the MPIJob itself (its uid), the launcher by the batch Job the MPI Operator made for it.
-    Labels alone make nothing a worker or a launcher."""
+    the MPIJob itself (its uid), the launcher by the batch Job the MPI Operator made for it
+    (the namespace's one Job of that name). Labels alone make nothing a worker or a launcher."""
+    if mpijob is None:
+        return False
     if pod.role == names.MPI_WORKER:
-        return (
-            mpijob is not None
-            and pod.owner_kind == names.MPIJOB_KIND
-            and pod.owner_uid == mpijob.uid
-        )
-    return pod.role == names.MPI_LAUNCHER and pod.owner_kind == names.MPI_LAUNCHER_OWNER_KIND
+        return pod.owner_kind == names.MPIJOB_KIND and pod.owner_uid == mpijob.uid
+    return (
+        pod.role == names.MPI_LAUNCHER
+        and pod.owner_kind == names.MPI_LAUNCHER_OWNER_KIND
+        and pod.owner_name == names.mpi_launcher_job(mpijob.name)
+    )
 
 
 def _create_mpijob(

@@ -37,6 +37,7 @@ class PodView:
     cannot_mount: str | None = None
     owner_uid: str | None = None  # its controlling owner's, as are the next
     owner_kind: str | None = None
+    owner_name: str | None = None
     role: str | None = None  # launcher mpi: the MPI Operator's "launcher" or "worker"
     created_at: str | None = None
     node: str | None = None  # spec.nodeName
@@ -85,6 +86,7 @@ class PodView:
             creating_since=_creating_since(status, scheduled),
             owner_uid=owners[0].get("uid") if owners else None,
             owner_kind=owners[0].get("kind") if owners else None,
+            owner_name=owners[0].get("name") if owners else None,
             created_at=metadata.get("creationTimestamp"),
             node=pod.get("spec", {}).get("nodeName"),
             deletion_deadline=metadata.get("deletionTimestamp"),
