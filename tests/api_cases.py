@@ -193,6 +193,37 @@ REJECTIONS = [
         )
     ),
     Rejection(
+        "image reference too long",
+        {"nodes": 1, "image": "registry.example/" + "a" * 1024},
+        "spec.image: String should have at most 1024 characters",
+        "spec.image: Too long",
+    ),
+    Rejection(
+        "too many epochs",
+        {"nodes": 1, "trainer": {"epochs": 1_000_001}},
+        "spec.trainer.epochs: Input should be less than or equal to 1000000",
+        "should be less than or equal to 1000000",
+    ),
+    Rejection(
+        "too many arguments",
+        {"nodes": 1, "command": ["python"], "args": ["-v"] * 4097},
+        "spec.args: List should have at most 4096 items",
+        "spec.args: Too many",
+    ),
+    Rejection(
+        "label value too long",
+        {"nodes": 1, "template": {"labels": {"team": "a" * 64}}},
+        "spec.template.labels.team: String should have at most 63 characters",
+        "spec.template.labels.team: Too long",
+    ),
+    Rejection(
+        "grace period past ten years",
+        {"nodes": 1, "template": {"terminationGracePeriodSeconds": 315_360_001}},
+        "spec.template.terminationGracePeriodSeconds: Input should be less than or equal to "
+        "315360000",
+        "should be less than or equal to 315360000",
+    ),
+    Rejection(
         "gang larger than the job",
         {"nodes": 2, "scheduling": {"gang": {"minMember": 3}}},
         "spec: scheduling.gang.minMember must not exceed nodes",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,6 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
@@ -115,20 +117,39 @@ ACCELERATOR_BACKENDS: dict[str, str] = {
     "cpu": "gloo",
 }
 MAX_NODES = 1024
-# The longest duration a job may set (ten years): any time it is added to stays a date.
-MAX_SECONDS = 10 * 365 * 24 * 3600
+MAX_SECONDS = contract.MAX_SECONDS
 # The longest checkpoint save a report may give (a day): the grace period is fitted to it.
 MAX_SAVE_SECONDS = 24 * 3600
 MAX_PORT = 65535
+MIN_PORT = 1024  # spec.port's least: the ports below are the system's
+# Bounds of what has no bound of its own: each far past any real job, so that every value the
+# CRD takes is one the operator can count, add to a time, and write back.
+MAX_COUNT = 2**31 - 1  # a count or an index, as Kubernetes' int32 counts
+MAX_ARG = 131072  # one argument or environment string (Linux's MAX_ARG_STRLEN)
+MAX_ARGS = 4096  # arguments of one command
+MAX_IMAGE = 1024  # an image reference: name (255), tag (128) and digest
+MAX_REASON = 1024  # a CamelCase reason, as a Kubernetes condition's
+MAX_LABEL_VALUE = 63
+MAX_ANNOTATION_VALUE = 256 * 1024  # Kubernetes' limit on all of an object's annotations
+MAX_MAP = 64  # entries of a map of labels, selectors or resources
+MAX_EXTRA_ITEMS = 256  # entries of a list the template adds to (volumes, mounts, ...)
+MAX_EXIT_CODE = 2**31 - 1  # the kubelet's int32
+MIN_EXIT_CODE = -(2**31)
 # `<name>-worker-<index>` must stay a 63-character DNS label (hostname) for up to 1024 nodes.
 MAX_NAME_LENGTH = 63 - len("-worker-") - len(str(MAX_NODES - 1))
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
-Quantity = int | Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+Quantity = (
+    Annotated[int, Field(le=contract.MAX_INT)]
+    | Annotated[str, Field(max_length=64, pattern=QUANTITY_PATTERN)]
+)
 # A Kubernetes object name (a DNS subdomain), as the API server checks a Secret's, a
 # PriorityClass's or a ServiceAccount's name: one path segment, no dot-segment, no slash.
 _OBJECT_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=_OBJECT_NAME)]
+Path = Annotated[str, Field(min_length=1, max_length=contract.MAX_PATH)]
+Arg = Annotated[str, Field(max_length=MAX_ARG)]
+LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE)]
 FreeForm = dict[str, Any]
 Obj = dict[str, Any]  # a Kubernetes object as JSON: one the API server sent, or one built for it
 
@@ -208,7 +229,10 @@ class ElasticPolicy(Model):
     min_nodes: int = Field(ge=1, le=MAX_NODES, description="Fewest nodes the job runs with.")
     max_nodes: int = Field(ge=1, le=MAX_NODES, description="Most nodes the job runs with.")
     max_restarts: int = Field(
-        3, ge=0, description="Restarts torchrun itself makes (--max-restarts) before failing."
+        3,
+        ge=0,
+        le=MAX_COUNT,
+        description="Restarts torchrun itself makes (--max-restarts) before failing.",
     )
 
 
@@ -218,6 +242,7 @@ class MPIOptions(Model):
     sockets_per_node: int | None = Field(
         None,
         ge=1,
+        le=64,
         description="CPU sockets per node: ranks are spread evenly over them, each bound to "
         "coresPerProcess cores (--map-by ppr:<ranks per socket>:socket:PE=<cores> --bind-to "
         "core). Gaudi's default: 2. Other accelerators bind nothing unless this or "
@@ -226,16 +251,20 @@ class MPIOptions(Model):
     cores_per_process: int | None = Field(
         None,
         ge=1,
+        le=1024,
         description="Physical cores bound to each process (PE=<n>): cores per socket divided "
         "by accelerators per socket. Gaudi's default: 6; else 1 where socketsPerNode is set.",
     )
     map_by: str | None = Field(
         None,
+        min_length=1,
+        max_length=MAX_REASON,
         description="The whole --map-by value (processes bound to cores), replacing the one "
         "socketsPerNode and coresPerProcess make.",
     )
-    extra_args: list[str] = Field(
+    extra_args: list[Arg] = Field(
         default_factory=list,
+        max_length=MAX_ARGS,
         description="More mpirun arguments, placed before the program. $NAME and ${NAME} are "
         "the launcher's environment variables (the image's too: --prefix $MPI_ROOT), expanded "
         "by its shell and nothing else; $$ is a literal $. Without a --prefix here, mpirun gets "
@@ -250,6 +279,7 @@ class MPIOptions(Model):
     )
     ssh_auth_mount_path: str = Field(
         "/home/trainer/.ssh",
+        max_length=contract.MAX_PATH,
         pattern=r"^/\S*$",
         description="Where the MPI Operator mounts the job's ssh keys: the .ssh directory of "
         "the user the image runs as (/home/trainer/.ssh in the trainer image; /root/.ssh for "
@@ -261,7 +291,10 @@ class RunPolicy(Model):
     """How failures, time limits and clean-up are handled (Kubeflow's runPolicy vocabulary)."""
 
     backoff_limit: int = Field(
-        3, ge=0, description="Group restarts allowed before the job is marked Failed."
+        3,
+        ge=0,
+        le=MAX_PORT - MIN_PORT,
+        description="Group restarts allowed before the job is marked Failed.",
     )
     restart_policy: Literal["OnFailure", "ExitCode", "Never"] = Field(
         contract.DEFAULT_RESTART_POLICY,
@@ -271,6 +304,7 @@ class RunPolicy(Model):
     )
     retryable_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
         default_factory=list,
+        max_length=255,
         description="Exit codes below 128 that still count as retryable under ExitCode.",
     )
     restart_strategy: Literal["InPlace", "Recreate"] = Field(
@@ -349,7 +383,7 @@ class EnvVar(Model):
     name: str = Field(
         min_length=1, max_length=256, pattern=r"^[^=]+$", description="Variable name."
     )
-    value: str | None = Field(None, description="Literal value.")
+    value: str | None = Field(None, max_length=MAX_ARG, description="Literal value.")
     value_from: FreeForm | None = Field(
         None, description="Source of the value (secretKeyRef, configMapKeyRef, fieldRef, ...)."
     )
@@ -377,10 +411,10 @@ class Resources(Model):
     )
 
     limits: dict[str, Quantity] = Field(
-        default_factory=dict, max_length=32, description="Limits, e.g. cpu: 8, memory: 64Gi."
+        default_factory=dict, max_length=MAX_MAP, description="Limits, e.g. cpu: 8, memory: 64Gi."
     )
     requests: dict[str, Quantity] = Field(
-        default_factory=dict, max_length=32, description="Requests, e.g. cpu: 8, memory: 64Gi."
+        default_factory=dict, max_length=MAX_MAP, description="Requests, e.g. cpu: 8, memory: 64Gi."
     )
 
 
@@ -448,6 +482,7 @@ class ContainerSettings(Model):
 
     env_from: list[FreeForm] = Field(
         default_factory=list,
+        max_length=MAX_EXTRA_ITEMS,
         description="Environment from ConfigMaps and Secrets (Kubernetes EnvFromSource); "
         "the env contract's names still win.",
     )
@@ -458,9 +493,7 @@ class ContainerSettings(Model):
         "(the restricted Pod Security Standard); on gaudi, SYS_NICE is added to its "
         "capabilities.",
     )
-    working_dir: str | None = Field(
-        None, min_length=1, description="Working directory; the image's when unset."
-    )
+    working_dir: Path | None = Field(None, description="Working directory; the image's when unset.")
     lifecycle: FreeForm | None = Field(None, description="postStart and preStop hooks.")
     liveness_probe: FreeForm | None = Field(None, description="Liveness probe.")
     readiness_probe: FreeForm | None = Field(None, description="Readiness probe.")
@@ -483,22 +516,30 @@ class PodTemplateOverrides(Model):
         ),
     )
 
-    labels: dict[str, str] = Field(
-        default_factory=dict, max_length=64, description="Extra labels for worker pods."
+    labels: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=MAX_MAP, description="Extra labels for worker pods."
     )
-    annotations: dict[str, str] = Field(
-        default_factory=dict, description="Extra annotations for worker pods."
+    annotations: dict[str, Annotated[str, Field(max_length=MAX_ANNOTATION_VALUE)]] = Field(
+        default_factory=dict,
+        max_length=MAX_EXTRA_ITEMS,
+        description="Extra annotations for worker pods.",
     )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Node selector for worker pods."
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=MAX_MAP, description="Node selector for worker pods."
     )
     tolerations: list[FreeForm] = Field(
-        default_factory=list, description="Tolerations, added to the accelerator's."
+        default_factory=list,
+        max_length=MAX_EXTRA_ITEMS,
+        description="Tolerations, added to the accelerator's.",
     )
     affinity: FreeForm | None = Field(None, description="Pod affinity (Kubernetes Affinity).")
-    volumes: list[FreeForm] = Field(default_factory=list, description="Extra pod volumes.")
+    volumes: list[FreeForm] = Field(
+        default_factory=list, max_length=MAX_EXTRA_ITEMS, description="Extra pod volumes."
+    )
     volume_mounts: list[FreeForm] = Field(
-        default_factory=list, description="Extra mounts in the trainer container."
+        default_factory=list,
+        max_length=MAX_EXTRA_ITEMS,
+        description="Extra mounts in the trainer container.",
     )
     priority_class_name: ObjectName | None = Field(
         None, description="PriorityClass of worker pods."
@@ -530,10 +571,12 @@ class PodTemplateOverrides(Model):
     )
     image_pull_secrets: list[FreeForm] = Field(
         default_factory=list,
+        max_length=MAX_MAP,
         description="Secrets to pull the image with (Kubernetes LocalObjectReference: name).",
     )
     init_containers: list[FreeForm] = Field(
         default_factory=list,
+        max_length=MAX_MAP,
         description="Init containers (Kubernetes Container), run before the worker; one with "
         "restartPolicy: Always is a sidecar that runs beside it.",
     )
@@ -543,15 +586,22 @@ class PodTemplateOverrides(Model):
         "lifecycle and probes.",
     )
     topology_spread_constraints: list[FreeForm] = Field(
-        default_factory=list, description="Topology spread constraints of the worker pods."
+        default_factory=list,
+        max_length=MAX_MAP,
+        description="Topology spread constraints of the worker pods.",
     )
     runtime_class_name: ObjectName | None = Field(None, description="RuntimeClass of worker pods.")
     termination_grace_period_seconds: int | None = Field(
-        None, ge=0, description="Seconds a deleted worker gets to stop before it is killed."
+        None,
+        ge=0,
+        le=MAX_SECONDS,
+        description="Seconds a deleted worker gets to stop before it is killed.",
     )
     dns_config: FreeForm | None = Field(None, description="DNS settings (Kubernetes PodDNSConfig).")
     host_aliases: list[FreeForm] = Field(
-        default_factory=list, description="Extra /etc/hosts entries (Kubernetes HostAlias)."
+        default_factory=list,
+        max_length=MAX_EXTRA_ITEMS,
+        description="Extra /etc/hosts entries (Kubernetes HostAlias).",
     )
 
 
@@ -594,9 +644,12 @@ class GangPolicy(Model):
         "nodes (elastic: minNodes).",
     )
     schedule_timeout_seconds: int | None = Field(
-        None, ge=1, description="coscheduling: how long a partly placed gang may wait."
+        None,
+        ge=1,
+        le=MAX_SECONDS,
+        description="coscheduling: how long a partly placed gang may wait.",
     )
-    queue: str | None = Field(None, min_length=1, description="volcano: the Volcano queue.")
+    queue: ObjectName | None = Field(None, description="volcano: the Volcano queue.")
 
 
 # A node label key (Kubernetes' qualified name), at most 63 characters as Kueue's topology
@@ -760,7 +813,7 @@ class DDPTrainingJobSpec(Model):
     )
     port: int = Field(
         contract.DEFAULT_PORT,
-        ge=1024,
+        ge=MIN_PORT,
         le=MAX_PORT,
         description="Rendezvous port on worker 0 for the first attempt; a group restart's "
         "attempt n uses port + n, so a rank of an earlier attempt can never join a later group.",
@@ -768,6 +821,7 @@ class DDPTrainingJobSpec(Model):
     image: str | None = Field(
         None,
         min_length=1,
+        max_length=MAX_IMAGE,
         description="Worker image; the operator's default trainer image when unset.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
@@ -784,12 +838,13 @@ class DDPTrainingJobSpec(Model):
         "s3://BUCKET/PREFIX): the Secret with its credentials and, optionally, its endpoint "
         "and region.",
     )
-    command: list[str] | None = Field(
+    command: list[Arg] | None = Field(
         None,
         min_length=1,
+        max_length=MAX_ARGS,
         description="Your own program instead of the trainer; the env contract still applies.",
     )
-    args: list[str] | None = Field(None, description="Arguments to command.")
+    args: list[Arg] | None = Field(None, max_length=MAX_ARGS, description="Arguments to command.")
     env: list[EnvVar] = Field(
         default_factory=list,
         description="Extra environment for the workers; the env contract's names are reserved.",
@@ -1051,6 +1106,38 @@ ConditionType = Literal[
 ]
 
 
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Step = Annotated[int, Field(ge=0, le=contract.MAX_INT)]
+Epochs = Annotated[int, Field(ge=0, le=contract.MAX_EPOCHS)]
+Rank = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+ExitCode = Annotated[int, Field(ge=MIN_EXIT_CODE, le=MAX_EXIT_CODE)]
+Metric = Annotated[float, Field(ge=-contract.MAX_METRIC, le=contract.MAX_METRIC)]
+Rate = Annotated[float, Field(ge=0, le=contract.MAX_METRIC)]
+Share = Annotated[float, Field(ge=0, le=1)]
+Seconds = Annotated[int, Field(ge=0, le=MAX_SECONDS)]
+
+
+def _cut_to(max_length: int) -> Callable[[Any], Any]:
+    def cut(value: Any) -> Any:
+        if isinstance(value, str) and len(value) > max_length:
+            return value[: max_length - 1] + "…"
+        return value
+
+    return cut
+
+
+# Status strings are cut to their maxLength as they are set: what the operator copies from
+# pods and the cluster (a termination message, the scheduler's words) the API server would
+# refuse whole.
+ReasonText = Annotated[str, BeforeValidator(_cut_to(MAX_REASON)), Field(max_length=MAX_REASON)]
+Message = Annotated[
+    str,
+    BeforeValidator(_cut_to(contract.MESSAGE_LENGTH)),
+    Field(max_length=contract.MESSAGE_LENGTH),
+]
+PodOrNode = Annotated[str, BeforeValidator(_cut_to(253)), Field(max_length=253)]
+
+
 class StatusModel(Model):
     """Status is written by the operator and by the trainer; tolerate keys of other versions.
     A pod may write it, so every number is finite and every time has a zone and a UTC value."""
@@ -1075,39 +1162,41 @@ class Condition(StatusModel):
 
     type: ConditionType = Field(description="Condition type.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str | None = Field(None, description="One-word CamelCase reason.")
-    message: str | None = Field(None, description="Human-readable details.")
+    reason: ReasonText | None = Field(None, description="One-word CamelCase reason.")
+    message: Message | None = Field(None, description="Human-readable details.")
     last_transition_time: datetime | None = Field(None, description="When the status last changed.")
 
 
 class WorkerCounts(StatusModel):
     """Worker pods of the current attempt, by phase."""
 
-    total: int = Field(0, description="Worker pods the job runs.")
-    pending: int = Field(0, description="Pods not yet running.")
-    running: int = Field(0, description="Pods running.")
-    succeeded: int = Field(0, description="Pods that exited 0.")
-    failed: int = Field(0, description="Pods that failed.")
+    total: Count = Field(0, description="Worker pods the job runs.")
+    pending: Count = Field(0, description="Pods not yet running.")
+    running: Count = Field(0, description="Pods running.")
+    succeeded: Count = Field(0, description="Pods that exited 0.")
+    failed: Count = Field(0, description="Pods that failed.")
 
 
 class Failure(StatusModel):
     """The first failure of the last attempt."""
 
-    pod: str | None = Field(None, description="The failed worker pod.")
-    node: str | None = Field(None, description="The node it ran on, where known.")
-    rank: int | None = Field(
+    pod: PodOrNode | None = Field(None, description="The failed worker pod.")
+    node: PodOrNode | None = Field(None, description="The node it ran on, where known.")
+    rank: Rank | None = Field(
         None, description="The global rank that stopped first (a hang the trainer traced)."
     )
-    exit_code: int | None = Field(None, description="Its exit code, if it ran.")
-    reason: str | None = Field(None, description="Why it failed (Error, OOMKilled, Evicted...).")
-    message: str | None = Field(None, description="Details.")
+    exit_code: ExitCode | None = Field(None, description="Its exit code, if it ran.")
+    reason: ReasonText | None = Field(
+        None, description="Why it failed (Error, OOMKilled, Evicted...)."
+    )
+    message: Message | None = Field(None, description="Details.")
 
 
 class CheckpointProgress(StatusModel):
     """The newest checkpoint the trainer completed."""
 
-    step: int | None = Field(None, description="The step it was taken at.")
-    epoch: int | None = Field(None, description="The epoch it was taken in.")
+    step: Step | None = Field(None, description="The step it was taken at.")
+    epoch: Epochs | None = Field(None, description="The epoch it was taken in.")
     saved_at: datetime | None = Field(None, description="When it was complete.")
     save_seconds: float | None = Field(
         None,
@@ -1122,11 +1211,11 @@ class StallCheck(StatusModel):
     heartbeat's interval: the rank the others wait on, or none (every rank even and heard
     from: a long validation, or a collective all of them wait in)."""
 
-    rank: int | None = Field(None, description="The suspect's global rank.")
-    pod: str | None = Field(None, description="Its pod.")
-    node: str | None = Field(None, description="Its node.")
-    step: int | None = Field(None, description="The last training step it made.")
-    message: str | None = Field(None, description="What was found, and how it is known.")
+    rank: Rank | None = Field(None, description="The suspect's global rank.")
+    pod: PodOrNode | None = Field(None, description="Its pod.")
+    node: PodOrNode | None = Field(None, description="Its node.")
+    step: Step | None = Field(None, description="The last training step it made.")
+    message: Message | None = Field(None, description="What was found, and how it is known.")
     checked_at: datetime | None = Field(None, description="When rank 0 found it.")
 
 
@@ -1135,13 +1224,13 @@ class StragglerReport(StatusModel):
     rank 0 of the trainer finds it in the group's store: the group waits for it at every
     all-reduce."""
 
-    rank: int | None = Field(None, description="Its global rank.")
-    pod: str | None = Field(None, description="Its pod.")
-    node: str | None = Field(None, description="Its node.")
-    slower_by: float | None = Field(
+    rank: Rank | None = Field(None, description="Its global rank.")
+    pod: PodOrNode | None = Field(None, description="Its pod.")
+    node: PodOrNode | None = Field(None, description="Its node.")
+    slower_by: Rate | None = Field(
         None, description="Its time over the median of the other ranks' (1.5 and more)."
     )
-    message: str | None = Field(None, description="What was measured.")
+    message: Message | None = Field(None, description="What was measured.")
     checked_at: datetime | None = Field(None, description="When rank 0 found it.")
 
 
@@ -1149,34 +1238,33 @@ class TrainingProgress(StatusModel):
     """Live progress, reported by rank 0 of the trainer after each epoch and, within one, every
     heartbeat."""
 
-    attempt: int | None = Field(
+    attempt: Count | None = Field(
         None,
-        ge=0,
         description="The attempt (KUBEDDP_ATTEMPT) of the rank 0 that reported: a report of "
         "another attempt than status.attempt is refused (the status policy) or not taken as "
         "progress.",
     )
-    epoch: int | None = Field(None, description="Epochs completed.")
-    epochs: int | None = Field(None, description="Epochs planned.")
-    loss: float | None = Field(None, description="Training loss of the last epoch.")
-    val_loss: float | None = Field(None, description="Validation loss of the last epoch.")
-    val_accuracy: float | None = Field(None, description="Validation accuracy (0-1).")
-    best_val_accuracy: float | None = Field(None, description="Best validation accuracy so far.")
-    images_per_sec: float | None = Field(None, description="Training throughput, all ranks.")
-    step: int | None = Field(None, description="Steps done in the epoch under way.")
-    steps_per_epoch: int | None = Field(None, description="Steps in one epoch.")
-    world_size: int | None = Field(
+    epoch: Epochs | None = Field(None, description="Epochs completed.")
+    epochs: Epochs | None = Field(None, description="Epochs planned.")
+    loss: Metric | None = Field(None, description="Training loss of the last epoch.")
+    val_loss: Metric | None = Field(None, description="Validation loss of the last epoch.")
+    val_accuracy: Share | None = Field(None, description="Validation accuracy (0-1).")
+    best_val_accuracy: Share | None = Field(None, description="Best validation accuracy so far.")
+    images_per_sec: Rate | None = Field(None, description="Training throughput, all ranks.")
+    step: Step | None = Field(None, description="Steps done in the epoch under way.")
+    steps_per_epoch: Step | None = Field(None, description="Steps in one epoch.")
+    world_size: Count | None = Field(
         None, description="Ranks training now: fewer than planned while an elastic job is short."
     )
-    progress_percentage: int | None = Field(
+    progress_percentage: Annotated[int, Field(ge=0, le=100)] | None = Field(
         None, description="How much of the planned training is done (0-100)."
     )
-    estimated_remaining_seconds: int | None = Field(
+    estimated_remaining_seconds: Seconds | None = Field(
         None, description="The time left at the current speed."
     )
     updated_at: datetime | None = Field(None, description="When rank 0 last reported.")
     checkpoint: CheckpointProgress | None = Field(None, description="The newest checkpoint.")
-    resumed_from_step: int | None = Field(
+    resumed_from_step: Step | None = Field(
         None, description="The step this attempt resumed from (its checkpoint's)."
     )
     longest_report_gap_seconds: float | None = Field(
@@ -1198,18 +1286,18 @@ class RankRestart(StatusModel):
     """An in-place restart, as the pod agent (ddp_trainer.torchrun) that restarted its ranks
     reports it: written by that agent, read by the operator, which counts it in restarts."""
 
-    attempt: int | None = Field(None, description="The attempt (KUBEDDP_ATTEMPT) it restarted.")
-    count: int | None = Field(
+    attempt: Count | None = Field(None, description="The attempt (KUBEDDP_ATTEMPT) it restarted.")
+    count: Count | None = Field(
         None, description="In-place restarts of that attempt so far, this one included."
     )
     time: datetime | None = Field(None, description="When the agent restarted its ranks.")
-    pod: str | None = Field(None, description="The pod whose rank failed.")
-    node: str | None = Field(None, description="The node that pod runs on.")
-    rank: int | None = Field(None, description="The global rank that failed.")
-    exit_code: int | None = Field(
+    pod: PodOrNode | None = Field(None, description="The pod whose rank failed.")
+    node: PodOrNode | None = Field(None, description="The node that pod runs on.")
+    rank: Rank | None = Field(None, description="The global rank that failed.")
+    exit_code: ExitCode | None = Field(
         None, description="How it ended: its exit code, or 128 + the signal that killed it."
     )
-    message: str | None = Field(None, description="The agent's words on it.")
+    message: Message | None = Field(None, description="The agent's words on it.")
 
 
 class Preemption(StatusModel):
@@ -1217,18 +1305,18 @@ class Preemption(StatusModel):
     suspend, Kueue) and resumes, no restart counted."""
 
     time: datetime | None = Field(None, description="When the operator saw it.")
-    reason: str | None = Field(
+    reason: ReasonText | None = Field(
         None,
         description="By what: the pod's DisruptionTarget reason (EvictionByEvictionAPI for a "
         "drain, PreemptionByScheduler, DeletionByTaintManager, TerminationByKubelet), Deleted, "
         "Terminated (a SIGTERM Kubernetes gave no reason for), Suspended, or Kueue's Preempted "
         "or Evicted.",
     )
-    message: str | None = Field(None, description="Details: the pod, and Kubernetes' words.")
-    checkpoint_step: int | None = Field(
+    message: Message | None = Field(None, description="Details: the pod, and Kubernetes' words.")
+    checkpoint_step: Step | None = Field(
         None, description="The step of the newest checkpoint the trainer had reported by then."
     )
-    resumed_from_step: int | None = Field(
+    resumed_from_step: Step | None = Field(
         None, description="The step the next attempt resumed from, once its trainer reports it."
     )
 
@@ -1237,11 +1325,15 @@ class AvoidedNode(StatusModel):
     """A node a worker was lost to (its node stopped reporting, or evicted it under pressure):
     the next pods prefer other nodes until `until`."""
 
-    node: str = Field(description="The node.")
-    reason: str | None = Field(None, description="What the worker's loss was (NodeLost, Evicted).")
+    node: PodOrNode = Field(description="The node.")
+    reason: ReasonText | None = Field(
+        None, description="What the worker's loss was (NodeLost, Evicted)."
+    )
     until: datetime | None = Field(None, description="When the next pods may prefer it again.")
 
 
+# The nodes status.avoidedNodes keeps, the newest: the next pods' affinity names each.
+MAX_AVOIDED_NODES = 64
 # The bounds of status.trainingHistory: a curve a terminal can show, a few KiB of the object.
 HISTORY_POINTS = 100
 HISTORY_MARKS = 20
@@ -1250,17 +1342,19 @@ HISTORY_MARKS = 20
 class EpochPoint(StatusModel):
     """One epoch's figures, as rank 0 reported them at the epoch's end."""
 
-    epoch: int = Field(ge=0, description="Epochs completed.")
-    loss: float | None = Field(None, description="Training loss of the epoch.")
-    val_loss: float | None = Field(None, description="Validation loss after it.")
-    val_accuracy: float | None = Field(None, description="Validation accuracy after it (0-1).")
+    epoch: Epochs = Field(description="Epochs completed.")
+    loss: Metric | None = Field(None, description="Training loss of the epoch.")
+    val_loss: Metric | None = Field(None, description="Validation loss after it.")
+    val_accuracy: Share | None = Field(None, description="Validation accuracy after it (0-1).")
 
 
 class CurveMark(StatusModel):
     """A restart or a preemption, where the curve was when it happened."""
 
     epoch: float = Field(
-        ge=0, description="Epochs done when it happened (a fraction: steps into the next)."
+        ge=0,
+        le=contract.MAX_EPOCHS,
+        description="Epochs done when it happened (a fraction: steps into the next).",
     )
     kind: Literal["Restart", "Preemption"] = Field(description="Restart or Preemption.")
 
@@ -1290,27 +1384,25 @@ class JobStatus(StatusModel):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
+        max_length=len(typing.get_args(ConditionType)),
         description="Created, Running, Restarting, Succeeded, Failed, Suspended and "
         "Schedulable conditions.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     workers: WorkerCounts | None = Field(None, description="Worker pods by phase.")
-    restarts: int = Field(
+    restarts: Count = Field(
         0,
-        ge=0,
         description="Restarts so far, of every kind: group restarts, ranks restarted in place, "
         "lost pods replaced.",
     )
-    attempt: int | None = Field(
+    attempt: Count | None = Field(
         None,
-        ge=0,
         description="The group's attempt: its pods' label and MASTER_PORT (port + attempt). A "
         "group restart starts the next; a restart in place or a replaced pod keeps it. Unset: "
         "restarts.",
     )
-    in_place_restarts: int = Field(
+    in_place_restarts: Count = Field(
         0,
-        ge=0,
         description="Restarts in place of this attempt counted in restarts (rankRestart.count "
         "seen so far).",
     )
@@ -1319,15 +1411,14 @@ class JobStatus(StatusModel):
         max_length=MAX_NODES,
         description="Workers (indices) of this attempt being replaced alone, already counted.",
     )
-    preemptions: int = Field(
+    preemptions: Count = Field(
         0,
-        ge=0,
         description="Times the group was preempted and resumed (never counted as restarts).",
     )
     last_preemption: Preemption | None = Field(None, description="The newest preemption.")
     start_time: datetime | None = Field(None, description="When the job was first started.")
     completion_time: datetime | None = Field(None, description="When the job finished.")
-    observed_generation: int | None = Field(
+    observed_generation: Annotated[int, Field(ge=0, le=contract.MAX_INT)] | None = Field(
         None, description="The spec generation this status reflects."
     )
     failure: Failure | None = Field(None, description="The first failure of the last attempt.")
@@ -1344,6 +1435,7 @@ class JobStatus(StatusModel):
     )
     avoided_nodes: list[AvoidedNode] = Field(
         default_factory=list,
+        max_length=MAX_AVOIDED_NODES,
         description="Nodes workers were lost to, which the next pods prefer not to run on "
         "for a while (they still go there when no other node fits).",
     )

@@ -41,6 +41,9 @@ def _inline(schema: Any, defs: dict[str, Schema]) -> Any:
     return {key: _inline(value, defs) for key, value in schema.items()}
 
 
+_BRANCH_BOUNDS = ("pattern", "maxLength", "minLength", "maximum", "minimum")
+
+
 def _is_null(schema: Schema) -> bool:
     return schema.get("type") == "null"
 
@@ -58,13 +61,13 @@ def _structural(schema: Any) -> Any:
         branches = [b for b in branches if not _is_null(b)]  # optional: absent, never null
         types = sorted(b.get("type", "") for b in branches)
         if types == ["integer", "string"]:
-            # The one union a structural schema allows, in exactly this form; a string
-            # branch's pattern moves up beside it (it applies to strings only).
+            # The one union a structural schema allows, in exactly this form; each branch's
+            # bounds move up beside it (a string's pattern and maxLength apply to strings
+            # only, an integer's maximum to numbers only).
             node["x-kubernetes-int-or-string"] = True
             node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-            pattern = next((b["pattern"] for b in branches if "pattern" in b), None)
-            if pattern is not None:
-                node["pattern"] = pattern
+            for branch in branches:
+                node.update({k: v for k, v in branch.items() if k in _BRANCH_BOUNDS})
             return node
         if len(branches) != 1:
             raise ValueError(f"no structural form for the union {branches}")
@@ -115,6 +118,16 @@ def openapi_schema(model: type[Model]) -> Schema:
     return dict(_structural(_inline(raw, raw.get("$defs", {}))))
 
 
+# Rules on the whole object: a status value bounded by the spec.
+OBJECT_RULES: list[Schema] = [
+    {
+        "rule": "!has(self.status) || !has(self.status.replacing) || "
+        "self.status.replacing.all(i, i < self.spec.nodes)",
+        "message": "status.replacing names workers of this job: each index below spec.nodes",
+    }
+]
+
+
 def _root_schema() -> Schema:
     spec = openapi_schema(DDPTrainingJobSpec)
     spec["x-kubernetes-validations"] += transition_rules()
@@ -143,6 +156,7 @@ def _root_schema() -> Schema:
             "spec": spec,
             "status": status,
         },
+        "x-kubernetes-validations": OBJECT_RULES,
     }
     return root
 

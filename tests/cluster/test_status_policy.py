@@ -81,3 +81,32 @@ def test_a_workers_token_may_report_progress_and_nothing_else(
     assert (status["phase"], status["training"]["epoch"]) == ("Running", 3)
     jobs.end_worker("guarded-worker-0", 0)
     jobs.wait_phase("guarded", "Succeeded")  # and so do the operator's to the end
+
+
+def test_the_crd_bounds_what_anyone_writes_to_the_status(cluster: Cluster, jobs: Jobs) -> None:
+    """Whoever writes it (here the admin, whom no policy stops), the status stays in the CRD's
+    bounds: indices of the job's workers, numbers in range, messages of bounded length."""
+    jobs.create(job_manifest("bounded", nodes=2))
+    admin = kubernetes.client.CustomObjectsApi(cluster.api)
+    training = epoch_3_report()["status"]["training"]
+    for invalid in (
+        {"replacing": [2]},
+        {"replacing": [1] * 1025},
+        {"restarts": 2**31},
+        {"training": {**training, "loss": 1e16}},
+        {"training": {**training, "progressPercentage": 101}},
+        {"training": {**training, "stall": {"message": "x" * 40000}}},
+        {"failure": {"pod": "p" * 254}},
+    ):
+        with pytest.raises(kubernetes.client.ApiException) as refused:
+            patch_status(admin, jobs, "bounded", invalid)
+        assert refused.value.status == 422, invalid
+    at_the_bounds = {
+        "replacing": [1],
+        "restarts": 2**31 - 1,
+        "observedGeneration": 2**53 - 1,
+        "training": {**training, "loss": 1e15, "step": 2**53 - 1},
+    }
+    patch_status(admin, jobs, "bounded", at_the_bounds)
+    status = jobs.status("bounded")
+    assert (status["replacing"], status["observedGeneration"]) == ([1], 2**53 - 1)

@@ -13,8 +13,16 @@ from typing import Any
 import pytest
 
 from ddp_trainer import progress
-from ddp_trainer.contract import EXIT_PEER_LOST
-from ddp_trainer.report import Heartbeat, StatusReporter, status_url, training_patch
+from ddp_trainer.contract import EXIT_PEER_LOST, MESSAGE_LENGTH
+from ddp_trainer.culprit import stall_fields
+from ddp_trainer.report import (
+    Heartbeat,
+    StatusReporter,
+    position_fields,
+    status_url,
+    training_patch,
+)
+from kube_ddp.api import TrainingProgress
 from kube_ddp.local.plan import free_port
 from tests.trainer import support
 from tests.trainer.support import FakeApiServer
@@ -81,6 +89,22 @@ def test_patch_body_has_rfc3339_utc_time_and_no_nan() -> None:
     assert training["loss"] is None
     assert training["imagesPerSec"] is None
     json.dumps(patch, allow_nan=False)
+
+
+def test_a_value_past_the_crds_bounds_is_sent_as_null_or_left_out() -> None:
+    """A diverged loss, a rate past 10^15, an estimate past ten years, a stall's words past a
+    message's length: the API server would refuse the whole report for one of them."""
+    training = training_patch(**{**EPOCH, "loss": -1e20, "images_per_sec": 1e16})["status"][
+        "training"
+    ]
+    training |= position_fields(
+        epoch=0, epochs=1, step=1, steps_per_epoch=10, remaining_seconds=1e12
+    )
+    training["stall"] = stall_fields(None, "rank 3 lags " * 10_000)
+    assert (training["loss"], training["imagesPerSec"]) == (None, None)
+    assert "estimatedRemainingSeconds" not in training
+    assert len(training["stall"]["message"]) == MESSAGE_LENGTH
+    TrainingProgress.model_validate(training)
 
 
 def test_status_url_names_the_status_subresource() -> None:

@@ -8,9 +8,10 @@ from typing import Any
 import kubernetes_validate
 import yaml
 
+from ddp_trainer import contract
 from ddp_trainer.options import TrainerOptions
 from kube_ddp import api
-from kube_ddp.crd import custom_resource_definition
+from kube_ddp.crd import OBJECT_RULES, custom_resource_definition
 from tests.unit.support import KUBERNETES_VERSION, REPO
 
 CRD = custom_resource_definition()
@@ -50,6 +51,48 @@ def test_schema_is_structural() -> None:
             assert node["exclusiveMinimum"] is True, path
 
 
+def _refused(schema: dict[str, Any]) -> set[str]:
+    """The keys of `schema` a rule refuses outright (`!has(self.key)`: UNSUPPORTED keys)."""
+    rules = [v["rule"] for v in schema.get("x-kubernetes-validations", [])]
+    return {r.removeprefix("!has(self.").removesuffix(")") for r in rules if r.startswith("!has(")}
+
+
+def _unbounded(schema: dict[str, Any], path: str) -> Iterator[str]:
+    if schema.get("x-kubernetes-preserve-unknown-fields") and "properties" not in schema:
+        return  # a Kubernetes type, validated in full where the pod or Service is created
+    kind = schema.get("type")
+    either = schema.get("x-kubernetes-int-or-string", False)
+    if "enum" not in schema and schema.get("format") != "date-time":
+        if (kind == "string" or either) and "maxLength" not in schema:
+            yield f"{path}: a string with no maxLength"
+        if (kind in ("integer", "number") or either) and "maximum" not in schema:
+            yield f"{path}: a number with no maximum"
+    if kind == "integer" or either:
+        for bound in ("maximum", "minimum"):
+            if abs(schema.get(bound, 0)) > contract.MAX_INT:  # read as a float, then refused
+                yield f"{path}: a {bound} the API server takes for no integer"
+    if kind == "array" and "maxItems" not in schema:
+        yield f"{path}: a list with no maxItems"
+    if isinstance(schema.get("additionalProperties"), dict) and "maxProperties" not in schema:
+        yield f"{path}: a map with no maxProperties"
+    refused = _refused(schema)
+    for name, child in schema.get("properties", {}).items():
+        if name not in refused:
+            yield from _unbounded(child, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            yield from _unbounded(schema[key], f"{path}[]")
+
+
+def test_every_string_number_list_and_map_is_bounded() -> None:
+    """What a job file or a pod writes is bounded in the API server: every string has a
+    maxLength, every number a maximum, every list maxItems and every map maxProperties (the
+    objects of Kubernetes' own types the template passes through are validated where the pods
+    are created)."""
+    for top in ("spec", "status"):
+        assert list(_unbounded(ROOT["properties"][top], top)) == []
+
+
 def test_every_spec_and_status_field_is_described() -> None:
     for top in ("spec", "status"):
         for path, node in walk(ROOT["properties"][top], top):
@@ -65,7 +108,7 @@ def test_cross_field_rules_are_cel_validations() -> None:
     models += [api.EnvVar, api.Resources, api.PodTemplateOverrides, api.GangPolicy]
     models += [api.NetworkPolicySettings]
     expected = [rule.cel for model in models for rule in model.RULES]
-    expected += [rule["rule"] for rule in api.transition_rules()]
+    expected += [rule["rule"] for rule in [*api.transition_rules(), *OBJECT_RULES]]
     for model in (api.PodTemplateOverrides, api.ContainerSettings):
         expected += [f"!has(self.{key})" for key in model.UNSUPPORTED]
     assert sorted(rules) == sorted(expected)

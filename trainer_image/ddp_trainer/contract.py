@@ -28,6 +28,18 @@ REPORTER_ENV: Final = (API_SERVER_ENV, TOKEN_FILE_ENV, CA_FILE_ENV)
 # report nothing rather than retry a refused request.
 REPORT_ENV: Final = "KUBEDDP_REPORT"
 
+# --- bounds the CRD, the operator and the trainer keep alike --------------------------------
+# The longest duration anything may be given (ten years): any time it is added to stays a date.
+MAX_SECONDS: Final = 10 * 365 * 24 * 3600
+MAX_PATH: Final = 4096  # a path or URI (Linux's PATH_MAX)
+MAX_EPOCHS: Final = 1_000_000
+# The largest integer every JSON reader holds exactly (the API server reads a larger bound as
+# a float, which it refuses as a bound): a count of steps and a generation stay below it.
+MAX_INT: Final = 2**53 - 1
+# A reported loss or rate beyond this is sent as null, as a non-finite one is: it diverged.
+MAX_METRIC: Final = 1e15
+MESSAGE_LENGTH: Final = 32768  # a message in the status, as long as a Kubernetes condition's
+
 # --- how a worker runs the trainer ----------------------------------------------------------
 TRAINER_MODULE: Final = "ddp_trainer"  # python -m ddp_trainer
 TRAINER_COMMAND: Final = ("python", "-m", TRAINER_MODULE)

@@ -172,7 +172,7 @@ def straggler_fields(entry: Entry, ratio: float) -> dict[str, Any]:
         "rank": entry.rank,
         "pod": entry.pod,
         "node": entry.node,
-        "slowerBy": round(ratio, 2),
+        "slowerBy": round(min(ratio, contract.MAX_METRIC), 2),
         "message": f"rank {entry.rank} (pod {entry.pod}, node {entry.node}) takes {ratio:.1f}x "
         f"the median time of the other ranks' own part of a step ({entry.compute_ms:.1f} ms a "
         "step): the group waits for it at every all-reduce",
@@ -194,7 +194,7 @@ def stall_fields(found: Suspect | None, line: str) -> dict[str, Any]:
         "pod": None if entry is None else entry.pod,
         "node": None if entry is None else entry.node,
         "step": None if entry is None else entry.step,
-        "message": line,
+        "message": line[: contract.MESSAGE_LENGTH],
     }
 
 

@@ -16,6 +16,8 @@ from typing import Any, Literal, NoReturn
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from ddp_trainer.contract import MAX_EPOCHS, MAX_INT, MAX_PATH, MAX_SECONDS
+
 Dataset = Literal["mnist", "fashion-mnist", "cifar10", "synthetic", "digits"]
 Device = Literal["auto", "cuda", "hpu", "cpu"]
 Loader = Literal["auto", "device", "dataloader"]
@@ -28,6 +30,17 @@ WrnDepth = Literal[10, 16, 22, 28, 34, 40]
 # A failure at a random moment redoes half of this on average; the save itself runs beside
 # training (docs/BENCHMARKS.md measures what it costs).
 DEFAULT_CHECKPOINT_SECONDS = 300.0
+# Bounds of the options without one of their own: far past any real run, so that every number
+# the CRD takes stays a number the trainer can compute with.
+MAX_COUNT = 2**31 - 1
+MAX_WIDTH = 1024  # a widening factor, or processes of a DataLoader
+MAX_CLASSES = 1_000_000
+MAX_BATCH = 2**24
+MAX_RATE = 1000.0  # a learning rate or a weight decay
+MAX_BUCKET_MB = 65536.0
+# The crop generator is seeded with (seed * 1_000_003 + step) * 4099 + rank, and torch takes
+# at most a uint64: a 32-bit seed leaves every step count of a real run room.
+MAX_SEED = 2**32 - 1
 
 
 class TrainerOptions(BaseModel):
@@ -48,6 +61,7 @@ class TrainerOptions(BaseModel):
     )
     data_dir: str = Field(
         "./data",
+        max_length=MAX_PATH,
         description="Directory holding (or receiving, with download) the dataset files; "
         "the files may also sit in a subdirectory named after the dataset.",
     )
@@ -59,15 +73,19 @@ class TrainerOptions(BaseModel):
     synthetic_samples: int = Field(
         4096,
         ge=64,
+        le=MAX_COUNT,
         description="Samples of the synthetic dataset, split into training and validation "
         "by valFraction.",
     )
     synthetic_shape: str = Field(
         "1x28x28",
+        max_length=64,
         pattern=r"^[1-9][0-9]*(x[1-9][0-9]*){0,2}$",
         description="Sample shape of the synthetic dataset, CxHxW (e.g. 3x32x32) or a flat size.",
     )
-    num_classes: int = Field(10, ge=2, description="Classes of the synthetic dataset.")
+    num_classes: int = Field(
+        10, ge=2, le=MAX_CLASSES, description="Classes of the synthetic dataset."
+    )
     val_fraction: float = Field(
         0.2,
         gt=0,
@@ -82,7 +100,7 @@ class TrainerOptions(BaseModel):
         "(device when the training set fits in 2 GiB as float32).",
     )
     num_workers: int = Field(
-        2, ge=0, description="DataLoader worker processes (loader: dataloader)."
+        2, ge=0, le=MAX_WIDTH, description="DataLoader worker processes (loader: dataloader)."
     )
     augment: bool = Field(
         False,
@@ -93,6 +111,7 @@ class TrainerOptions(BaseModel):
     # --- model
     model: str = Field(
         "mlp",
+        max_length=256,
         pattern=r"^(mlp|wide-resnet|resnet18|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
         description="Model: mlp, wide-resnet, resnet18 (CIFAR variant), or module:callable for "
         "your own (called with in_shape and num_classes, returns an nn.Module).",
@@ -100,16 +119,18 @@ class TrainerOptions(BaseModel):
     wrn_depth: WrnDepth = Field(
         16, description="Wide-ResNet depth, 6n+4 for n blocks per group: 10, 16, 22, 28, 34, 40."
     )
-    wrn_width: int = Field(4, ge=1, description="Wide-ResNet widening factor.")
+    wrn_width: int = Field(4, ge=1, le=MAX_WIDTH, description="Wide-ResNet widening factor.")
 
     # --- optimisation
-    epochs: int = Field(10, ge=1, description="Epochs to train.")
-    batch_size: int = Field(128, ge=1, description="Batch size per process.")
-    lr: float = Field(0.1, gt=0, description="Learning rate for a world size of 1.")
+    epochs: int = Field(10, ge=1, le=MAX_EPOCHS, description="Epochs to train.")
+    batch_size: int = Field(128, ge=1, le=MAX_BATCH, description="Batch size per process.")
+    lr: float = Field(0.1, gt=0, le=MAX_RATE, description="Learning rate for a world size of 1.")
     scale_lr: bool = Field(
         True, description="Scale the learning rate linearly with the world size."
     )
-    warmup_epochs: float = Field(1.0, ge=0, description="Epochs of linear learning-rate warm-up.")
+    warmup_epochs: float = Field(
+        1.0, ge=0, le=MAX_EPOCHS, description="Epochs of linear learning-rate warm-up."
+    )
     lr_schedule: LrSchedule = Field(
         "cosine",
         description="Learning rate after the warm-up: cosine (decays to 0 at the last epoch) "
@@ -117,7 +138,7 @@ class TrainerOptions(BaseModel):
     )
     optimizer: Optimizer = Field("sgd", description="Optimizer: sgd (with momentum) or adamw.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
-    weight_decay: float = Field(5e-4, ge=0, description="Weight decay.")
+    weight_decay: float = Field(5e-4, ge=0, le=MAX_RATE, description="Weight decay.")
     device: Device = Field(
         "auto",
         description="Device: auto (hpu when Intel Gaudi's habana_frameworks is installed, else "
@@ -130,13 +151,15 @@ class TrainerOptions(BaseModel):
         "on CPU), fp32, bf16 or fp16 (with gradient scaling).",
     )
     compile: bool = Field(False, description="Compile the model with torch.compile.")
-    bucket_cap_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size in MiB.")
+    bucket_cap_mb: float = Field(
+        25.0, gt=0, le=MAX_BUCKET_MB, description="DDP gradient bucket size in MiB."
+    )
     grad_compression: GradCompression = Field(
         "none",
         description="Compress gradients to fp16 or bf16 for the all-reduce "
         "(Horovod's fp16 compression).",
     )
-    seed: int = Field(0, ge=0, description="Random seed (same on every rank).")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Random seed (same on every rank).")
 
     # --- stopping
     target_accuracy: float | None = Field(
@@ -148,47 +171,60 @@ class TrainerOptions(BaseModel):
     patience: int = Field(
         1,
         ge=1,
+        le=MAX_EPOCHS,
         description="Consecutive epochs at or above targetAccuracy before stopping early.",
     )
 
     # --- checkpoints, output, cluster
     checkpoint_dir: str | None = Field(
         None,
+        max_length=MAX_PATH,
         description="Directory for checkpoints (written by rank 0); training resumes from the "
         "newest valid one.",
     )
-    checkpoint_every: int = Field(1, ge=1, description="Save a checkpoint every N epochs.")
+    checkpoint_every: int = Field(
+        1, ge=1, le=MAX_EPOCHS, description="Save a checkpoint every N epochs."
+    )
     checkpoint_every_steps: int | None = Field(
         None,
         ge=1,
+        le=MAX_INT,
         description="Also save a checkpoint every N training steps (global steps, counted "
         "across epochs); resuming from one continues mid-epoch with the same batches.",
     )
     checkpoint_every_seconds: float = Field(
         DEFAULT_CHECKPOINT_SECONDS,
         ge=0,
+        le=MAX_SECONDS,
         description="Also save a checkpoint once this many seconds have passed since the last "
         "one, at the next step the ranks agree on; 0: never.",
     )
     stop_check_steps: int = Field(
         1,
         ge=1,
+        le=MAX_INT,
         description="Every N steps the ranks agree whether one got SIGTERM (a suspend, an "
         "eviction, a drain) or a timed checkpoint is due: one all-reduce of two numbers on a "
         "CPU group. On SIGTERM rank 0 saves at the agreed step and every rank exits 86.",
     )
-    keep_checkpoints: int = Field(3, ge=1, description="Checkpoints kept; older ones are removed.")
+    keep_checkpoints: int = Field(
+        3, ge=1, le=MAX_COUNT, description="Checkpoints kept; older ones are removed."
+    )
     summary_file: str | None = Field(
-        None, description="Write the final metrics as JSON to this file (rank 0)."
+        None,
+        max_length=MAX_PATH,
+        description="Write the final metrics as JSON to this file (rank 0).",
     )
     timeout_seconds: int = Field(
         300,
         ge=10,
+        le=MAX_SECONDS,
         description="Process-group timeout: how long a rank waits for the others at startup and "
         "in a collective before failing (instead of hanging when a rank is lost).",
     )
     log_dir: str | None = Field(
         None,
+        max_length=MAX_PATH,
         description="Write TensorBoard event files (rank 0) to this directory or "
         "s3://BUCKET/PREFIX (with the checkpoints' credentials): `tensorboard --logdir` shows "
         "the run, a resumed one continuing the same curves. MLflow gets the same curves when "
@@ -197,6 +233,7 @@ class TrainerOptions(BaseModel):
     log_every_steps: int = Field(
         50,
         ge=1,
+        le=MAX_INT,
         description="Log the training loss, learning rate, images/s and step time every N "
         "global steps (to logDir and MLflow); epochs are logged at their end.",
     )

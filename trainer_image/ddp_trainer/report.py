@@ -102,7 +102,7 @@ def position_fields(
         "stepsPerEpoch": steps_per_epoch,
         "progressPercentage": min(100, done * 100 // total) if total else None,
     }
-    if remaining_seconds is not None and math.isfinite(remaining_seconds):
+    if remaining_seconds is not None and remaining_seconds <= contract.MAX_SECONDS:
         fields["estimatedRemainingSeconds"] = max(0, round(remaining_seconds))
     return fields
 
@@ -212,8 +212,9 @@ def stamp(moment: datetime) -> str:
 
 
 def finite(value: float, digits: int) -> float | None:
-    """JSON has no NaN: a diverged loss is reported as null."""
-    return round(value, digits) if math.isfinite(value) else None
+    """JSON has no NaN, and the CRD no number past contract.MAX_METRIC: a diverged loss is
+    reported as null."""
+    return round(value, digits) if abs(value) <= contract.MAX_METRIC else None
 
 
 def status_url(api_server: str, namespace: str, name: str) -> str:

@@ -11,7 +11,7 @@ from typing import Final
 
 from ddp_trainer import contract
 from kube_ddp import names
-from kube_ddp.api import AvoidedNode, DDPTrainingJob, Failure
+from kube_ddp.api import MAX_AVOIDED_NODES, AvoidedNode, DDPTrainingJob, Failure
 from kube_ddp.reasons import PodReason, Reason
 from kube_ddp.status.draft import Draft
 from kube_ddp.status.lifecycle import Group, finish, record_preemption
@@ -201,7 +201,8 @@ def avoid_lost_nodes(draft: Draft, job: DDPTrainingJob, failures: Iterable[Worke
         if a.node not in lost and a.until is not None and a.until > draft.now
     ]
     added = [AvoidedNode(node=node, reason=reason, until=until) for node, reason in lost.items()]
-    draft.update(avoided_nodes=sorted([*kept, *added], key=lambda a: a.node))
+    newest = sorted([*added, *kept], key=lambda a: a.until or draft.now, reverse=True)
+    draft.update(avoided_nodes=sorted(newest[:MAX_AVOIDED_NODES], key=lambda a: a.node))
     if not added:
         return ""
     minutes = names.AVOID_NODE_SECONDS // 60
