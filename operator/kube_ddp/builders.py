@@ -650,7 +650,10 @@ def build_network_policy(job: DDPTrainingJob, settings: BuildSettings) -> Obj | 
     enabled = own.enabled if own is not None and own.enabled is not None else None
     if not (settings.network_policy if enabled is None else enabled):
         return None
-    pods = {"matchLabels": {names.LABEL_JOB_NAME: job.name}}
+    # torchrun's workers are the operator's alone to label (pod_policy); the MPI Operator's
+    # pods carry the job's name only.
+    own_pods = job_labels(job) if job.spec.launcher == "torchrun" else {}
+    pods = {"matchLabels": {names.LABEL_JOB_NAME: job.name, **own_pods}}
     widened = own.ingress if own is not None else []
     return {
         "apiVersion": names.NETWORK_POLICY_API_VERSION,

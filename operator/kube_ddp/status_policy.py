@@ -75,7 +75,7 @@ def policy(name: str, operator_user: str) -> dict[str, Any]:
             "matchConditions": [
                 {
                     "name": "not-the-operator",
-                    "expression": f"request.userInfo.username != {_cel_string(operator_user)}",
+                    "expression": f"request.userInfo.username != {cel_string(operator_user)}",
                 }
             ],
             "validations": validations(),
@@ -97,5 +97,5 @@ def binding(name: str, namespace: str | None = None) -> dict[str, Any]:
     }
 
 
-def _cel_string(text: str) -> str:
+def cel_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from tests.cluster.operator_support import service_account_token
 from tests.cluster.support import REPO, ChildProcess, Cluster, load_dev_cluster, wait_for
 
 CHART = REPO / "charts" / "kube-ddp"
@@ -95,15 +96,6 @@ def service_account_kubeconfig(cluster: Cluster, namespace: str, account: str, p
     }
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def service_account_token(cluster: Cluster, namespace: str, account: str) -> str:
-    request = {"spec": {"audiences": [], "expirationSeconds": 3600}}
-    return str(
-        cluster.core.create_namespaced_service_account_token(
-            account, namespace, request
-        ).status.token
-    )
 
 
 @dataclass

@@ -9,13 +9,73 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from kube_ddp import names
+import kubernetes
+
+from kube_ddp import names, status_policy
 from tests.cluster.support import ChildProcess, Cluster, wait_for
 
 KUBE_DDP = Path(sys.executable).with_name("kube-ddp")
 SIM_EXIT_CODE = "sim.kubeddp.io/exit-code"
+
+
+def service_account_token(cluster: Cluster, namespace: str, account: str) -> str:
+    """A token of `account` (a TokenRequest): what a pod running as it holds."""
+    request = {"spec": {"audiences": [], "expirationSeconds": 3600}}
+    response = cluster.core.create_namespaced_service_account_token(account, namespace, request)
+    return str(response.status.token)
+
+
+def username(api: kubernetes.client.ApiClient) -> str:
+    """Who the API server takes `api`'s credentials for (a SelfSubjectReview)."""
+    review = kubernetes.client.AuthenticationV1Api(api).create_self_subject_review(
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    )
+    return str(review.status.user_info.username)
+
+
+TENANT = "tenant"
+
+
+def make_tenant(cluster: Cluster, namespace: str) -> None:
+    """An account (`TENANT`) that may create, read and patch pods in `namespace`, and nothing
+    else: a team's member, or a job's code given such a Role."""
+    meta = {"name": TENANT}
+    cluster.core.create_namespaced_service_account(namespace, {"metadata": meta})
+    rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "patch"]}]
+    cluster.rbac.create_namespaced_role(namespace, {"metadata": meta, "rules": rules})
+    binding = {
+        "metadata": meta,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": TENANT},
+        "subjects": [{"kind": "ServiceAccount", "name": TENANT, "namespace": namespace}],
+    }
+    cluster.rbac.create_namespaced_role_binding(namespace, binding)
+
+
+def core_as(cluster: Cluster, namespace: str, account: str) -> kubernetes.client.CoreV1Api:
+    """The core API with a fresh token of `account`."""
+    token = service_account_token(cluster, namespace, account)
+    return kubernetes.client.CoreV1Api(cluster.client_with_token(token))
+
+
+@contextmanager
+def admission_policy_in(
+    cluster: Cluster, namespace: str, module: ModuleType = status_policy
+) -> Iterator[str]:
+    """One of the chart's policies (`module.policy`: the status policy, or the pod policy) for
+    `namespace`, the tests' operator (the admin client's user) exempt, as the chart exempts
+    the operator's account."""
+    name = f"kube-ddp-{module.__name__.rsplit('.', 1)[-1].replace('_', '-')}-{namespace}"
+    admission = kubernetes.client.AdmissionregistrationV1Api(cluster.api)
+    admission.create_validating_admission_policy(module.policy(name, username(cluster.api)))
+    admission.create_validating_admission_policy_binding(status_policy.binding(name, namespace))
+    try:
+        yield name
+    finally:
+        admission.delete_validating_admission_policy_binding(name)
+        admission.delete_validating_admission_policy(name)
 
 
 @dataclass

@@ -22,9 +22,8 @@ from tests.cluster.helm_support import (
     Helm,
     Operator,
     service_account_kubeconfig,
-    service_account_token,
 )
-from tests.cluster.operator_support import Jobs, job_manifest
+from tests.cluster.operator_support import Jobs, job_manifest, service_account_token
 from tests.cluster.support import REPO, Cluster, fresh_namespace, wait_for
 
 KUBERNETES_VERSION = "1.36.0"

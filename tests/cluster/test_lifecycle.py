@@ -21,6 +21,7 @@ from tests.cluster.operator_support import (
     OperatorProcess,
     job_manifest,
     running_operator,
+    service_account_token,
 )
 from tests.cluster.support import Cluster, load_dev_cluster, wait_for
 
@@ -105,12 +106,6 @@ def test_a_live_job_keeps_its_shape(
     assert "only while the job is suspended" in str(refused.value.body)
     patch_spec(cluster, jobs, "fixed", {"runPolicy": {"activeDeadlineSeconds": 3600}})
     assert jobs.get("fixed")["spec"]["runPolicy"]["activeDeadlineSeconds"] == 3600
-
-
-def service_account_token(cluster: Cluster, namespace: str, account: str) -> str:
-    request = {"spec": {"audiences": [], "expirationSeconds": 600}}
-    response = cluster.core.create_namespaced_service_account_token(account, namespace, request)
-    return str(response.status.token)
 
 
 def reporter_env(

@@ -293,7 +293,8 @@ def test_each_job_gets_a_network_policy_admitting_only_its_own_pods(
     (policy,) = network_policies(cluster, jobs.namespace).values()  # none for "open"
     assert policy.metadata.name == "bar"
     assert policy.metadata.owner_references[0].kind == "DDPTrainingJob"
-    own = {names.LABEL_JOB_NAME: "bar"}
+    # managed-by, which only the operator's account may put on a pod (pod_policy)
+    own = {names.LABEL_JOB_NAME: "bar", names.LABEL_MANAGED_BY: names.MANAGED_BY}
     assert policy.spec.pod_selector.match_labels == own
     assert policy.spec.policy_types == ["Ingress"]  # egress: DNS, the API server, untouched
     first, widened = policy.spec.ingress

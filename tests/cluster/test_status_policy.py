@@ -10,32 +10,22 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kube_ddp import names, status_policy
-from tests.cluster.operator_support import Jobs, OperatorProcess, job_manifest
+from kube_ddp import names
+from tests.cluster.operator_support import (
+    Jobs,
+    OperatorProcess,
+    admission_policy_in,
+    job_manifest,
+    service_account_token,
+)
 from tests.cluster.support import Cluster, wait_for
-from tests.cluster.test_lifecycle import epoch_3_report, service_account_token
-
-
-def username(api: kubernetes.client.ApiClient) -> str:
-    """Who the API server takes `api`'s credentials for (a SelfSubjectReview)."""
-    review = kubernetes.client.AuthenticationV1Api(api).create_self_subject_review(
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
-    )
-    return str(review.status.user_info.username)
+from tests.cluster.test_lifecycle import epoch_3_report
 
 
 @pytest.fixture
 def policy(cluster: Cluster, namespace: str) -> Iterator[str]:
-    """The policy for this namespace, the tests' operator (the admin client's user) exempt."""
-    name = f"kube-ddp-status-{namespace}"
-    admission = kubernetes.client.AdmissionregistrationV1Api(cluster.api)
-    admission.create_validating_admission_policy(status_policy.policy(name, username(cluster.api)))
-    admission.create_validating_admission_policy_binding(status_policy.binding(name, namespace))
-    try:
+    with admission_policy_in(cluster, namespace) as name:
         yield name
-    finally:
-        admission.delete_validating_admission_policy_binding(name)
-        admission.delete_validating_admission_policy(name)
 
 
 def patch_status(api: Any, jobs: Jobs, name: str, status: dict[str, Any]) -> None:

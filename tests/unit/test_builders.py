@@ -365,6 +365,8 @@ def test_service_is_headless_and_selects_the_job() -> None:
     assert service["metadata"]["name"] == "bar"
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
+    # the workers' DNS names go to pods only the operator may label so (pod_policy)
+    assert service["spec"]["selector"][names.LABEL_MANAGED_BY] == names.MANAGED_BY
     for pod in pods:
         labels = pod["metadata"]["labels"]
         assert service["spec"]["selector"].items() <= labels.items()
@@ -855,7 +857,8 @@ def test_the_network_policy_admits_only_the_jobs_own_pods_and_leaves_egress_alon
     assert policy is not None
     validate_strict(policy)
     spec = policy["spec"]
-    own = {"matchLabels": {names.LABEL_JOB_NAME: "bar"}}
+    # managed-by, which only the operator may put on a pod (pod_policy): labels are proof
+    own = {"matchLabels": {names.LABEL_JOB_NAME: "bar", names.LABEL_MANAGED_BY: names.MANAGED_BY}}
     assert spec == {
         "podSelector": own,
         "policyTypes": ["Ingress"],

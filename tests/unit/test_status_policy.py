@@ -1,10 +1,10 @@
 """The status policy's rules (kube_ddp/status_policy.py), against the models: every field the
-operator owns is guarded, the pods' reports are not. tests/cluster/test_status_policy.py runs
-it on the real API server."""
+operator owns is guarded, the pods' reports are not; and the pod policy's (kube_ddp/pod_policy.py).
+tests/cluster/test_status_policy.py and test_pod_policy.py run them on the real API server."""
 
 from __future__ import annotations
 
-from kube_ddp import status_policy
+from kube_ddp import names, pod_policy, status_policy
 from kube_ddp.api import JobStatus
 
 
@@ -35,3 +35,18 @@ def test_a_binding_may_hold_for_one_namespace() -> None:
     assert scoped == {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
     }
+
+
+def test_only_the_operator_makes_or_relabels_a_pod_labelled_as_a_worker() -> None:
+    policy = pod_policy.policy("p", "system:serviceaccount:kube-ddp:op")
+    exempt, labelled = policy["spec"]["matchConditions"]
+    assert (
+        exempt["expression"] == "request.userInfo.username != 'system:serviceaccount:kube-ddp:op'"
+    )
+    assert f"'{names.LABEL_MANAGED_BY}'" in labelled["expression"]
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    # pods/status, pods/binding and pods/eviction (the kubelet, the scheduler, a drain) are not
+    # matched: only the pod itself
+    assert (rule["resources"], rule["operations"]) == (["pods"], ["CREATE", "UPDATE"])
+    (validation,) = policy["spec"]["validations"]
+    assert validation["message"] == pod_policy.MESSAGE
