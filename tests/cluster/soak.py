@@ -9,7 +9,11 @@ that hit a live pod (no phantom restart), never fewer than the isolated ones (no
 those that met a steady job, no other fault of the job near them and no operator outage (a
 leader's kill, an API server's restart) under way or begun just after. Faults per job: a worker
 killed (exit 137), its pod deleted, its pod evicted through the Eviction API, rank 0 gone quiet (a
-hang: no progress report), a suspend and resume by the user, a Kueue preemption; for many jobs
+hang: no progress report), a suspend and resume by the user, a Kueue preemption, a forged
+status sent with the job's worker token and an impostor pod labelled as its worker 0, made by the
+admin (whom the pod policy lets pass, as a cluster without it would) or by a tenant of the
+namespace (whom it must refuse); neither may change anything: no restart, no end, no pod past
+the job's nodes; for many jobs
 at once: a node that stops reporting and comes back, the leading operator killed (two replicas
 with leader election), the API server restarted. Some faults come with a second one on the same
 job seconds later: two at a time, and during a recovery.
@@ -40,12 +44,25 @@ import kubernetes
 import urllib3
 
 from ddp_trainer.report import position_fields, training_patch
-from kube_ddp import kueue, names
+from kube_ddp import kueue, names, pod_policy, status_policy
 from kube_ddp.api import load_job
-from tests.cluster.operator_support import SIM_EXIT_CODE, Jobs, OperatorProcess, job_manifest
+from tests.cluster.operator_support import (
+    SIM_EXIT_CODE,
+    TENANT,
+    Jobs,
+    OperatorProcess,
+    admission_policy_in,
+    core_as,
+    job_manifest,
+    make_tenant,
+    service_account_token,
+)
 from tests.cluster.support import Cluster, load_dev_cluster
 
-JOB_FAULTS = ("kill", "delete", "evict", "hang", "suspend", "preempt")
+JOB_FAULTS = ("kill", "delete", "evict", "hang", "suspend", "preempt", "forge", "impostor")
+# Faults that must change nothing (docs/security.md): a status of the operator's fields sent
+# with the token every worker holds, and an ownerless pod labelled as the job's worker 0.
+PROBES = ("forge", "impostor")
 CLUSTER_FAULTS = ("node", "leader", "apiserver")
 # How each fault on a steady job is counted (design.md, "Failure rules", "Preemption"): a pod
 # deleted or evicted while its container runs is replaced alone and not counted where the ranks
@@ -264,13 +281,24 @@ class Soak:
         self.preemptors: dict[int, Generation] = {}  # by the slot they preempt
         self.preemptors_created = 0
         self.preemptor_class = f"soak-{namespace[-8:]}-preemptor"  # a WorkloadPriorityClass
+        self.probed: Counter[str] = Counter()  # how each forge and impostor was met
+        self.impostors: list[str] = []
+        self.nodes_of: dict[str, int] = {}  # each job's spec.nodes, by uid
 
     # -- the run ------------------------------------------------------------------------------
 
     def run(self) -> None:
         end = self.settings.minutes * 60
         pending = list(self.faults)
-        with self._nodes(), self._queues(), self._operators():
+        make_tenant(self.cluster, self.namespace)
+        with (
+            self._nodes(),
+            self._queues(),
+            # as the chart installs them
+            admission_policy_in(self.cluster, self.namespace, status_policy),
+            admission_policy_in(self.cluster, self.namespace, pod_policy),
+            self._operators(),
+        ):
             self.started = time.monotonic()
             for slot in range(self.settings.jobs):
                 self._create(slot)
@@ -447,6 +475,7 @@ class Soak:
             self.to_create.add(slot)  # the next tick tries again
             return
         self.to_create.discard(slot)
+        self.nodes_of[created["metadata"]["uid"]] = spec["nodes"]
         self.generations[slot] = Generation(
             name=name,
             uid=created["metadata"]["uid"],
@@ -656,14 +685,19 @@ class Soak:
             return
         status = self._status(generation)
         steady = self._steady(generation)
+        before = (status, steady)
         effective, target = getattr(self, f"_fault_{fault.kind}")(generation, fault)
         index = fault.worker % generation.spec["nodes"]
         expect = RESTART
+        if fault.kind in PROBES:
+            self.probed[f"{fault.kind}: {target.split(': ')[-1]}"] += 1
+            generation.hits.append(self._hit(generation, fault.kind, target, 0, "", before))
+            return
         if fault.kind in ("suspend", "preempt") or (
             fault.kind in ("delete", "evict") and generation.in_place and index != 0
         ):
             expect = PREEMPTION
-        hit = self._hit(generation, fault.kind, target, effective, expect, (status, steady))
+        hit = self._hit(generation, fault.kind, target, effective, expect, before)
         generation.hits.append(hit)
         self.applied[fault.kind if effective else "missed"] += 1
 
@@ -759,6 +793,82 @@ class Soak:
             created=self.now(),
         )
         return (1 if preemption_reaches(phase) else 0), f"{name} ({phase})"
+
+    def _fault_forge(self, generation: Generation, fault: Fault) -> tuple[int, str]:
+        """What a training script may send with the token every worker of its job holds: a
+        status of the operator's own fields (an end, the counts reset, every worker replaced),
+        or a progress report the operator cannot read."""
+        attempt = int(self._status(generation).get("attempt", 0))
+        forgeries: list[dict[str, Any]] = [
+            {"phase": "Succeeded"},
+            {"phase": "Failed"},
+            {"restarts": 0, "preemptions": 0, "attempt": attempt + 3},
+            {"replacing": list(range(1, generation.spec["nodes"] + 2))},
+            # a report the policy lets through, with a time past the calendar in UTC
+            {"training": {"attempt": attempt, "updatedAt": "9999-12-31T23:59:59-01:00"}},
+        ]
+        forged = forgeries[fault.worker % len(forgeries)]
+        what = ", ".join(sorted(forged))
+        try:
+            account = f"{generation.name}-trainer"
+            token = service_account_token(self.cluster, self.namespace, account)
+            with self.cluster.client_with_token(token) as client:
+                kubernetes.client.CustomObjectsApi(client).patch_namespaced_custom_object_status(
+                    names.GROUP,
+                    names.VERSION,
+                    self.namespace,
+                    names.PLURAL,
+                    generation.name,
+                    {"status": forged},
+                )
+        except kubernetes.client.ApiException as error:
+            return 0, f"{what}: refused {error.status}"
+        except UNAVAILABLE:
+            return 0, f"{what}: the API server away"
+        if set(forged) - {"training", "rankRestart"}:  # the status policy's to refuse
+            self._violate(generation.name, f"a worker's token wrote status {what}")
+        return 0, f"{what}: taken"
+
+    def _fault_impostor(self, generation: Generation, fault: Fault) -> tuple[int, str]:
+        """A pod anyone who may make pods in the namespace can make: no owner, labelled as
+        the job's worker 0 of its current attempt; it runs and ends at once, 0 or 1."""
+        code = fault.worker % 2
+        name = f"{generation.name}-impostor-{len(self.impostors)}"
+        labels = {
+            names.LABEL_MANAGED_BY: names.MANAGED_BY,
+            names.LABEL_JOB_NAME: generation.name,
+            names.LABEL_ATTEMPT: str(self._status(generation).get("attempt", 0)),
+            names.LABEL_REPLICA_INDEX: "0",
+        }
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "annotations": {SIM_EXIT_CODE: str(code)},
+            },
+            "spec": {
+                "nodeSelector": self.label,
+                "containers": [{"name": "trainer", "image": "registry.invalid/impostor"}],
+            },
+        }
+        # A tenant of the namespace meets the pod policy; the admin, whom it lets pass (the
+        # tests' operator runs as the admin), stands for a cluster without it.
+        by_tenant = fault.worker % 4 < 2
+        try:
+            maker = core_as(self.cluster, self.namespace, TENANT) if by_tenant else None
+            (maker or self.cluster.core).create_namespaced_pod(self.namespace, pod)
+        except kubernetes.client.ApiException as error:
+            if error.status != 403:
+                return 0, f"{name}: the API server away"
+            return 0, f"{name}: refused {error.status}"
+        except UNAVAILABLE:
+            return 0, f"{name}: the API server away"
+        self.impostors.append(name)
+        if by_tenant:
+            self._violate(generation.name, f"a tenant made {name}, labelled as its worker 0")
+        return 0, f"{name} exiting {code}: made by {'a tenant' if by_tenant else 'the admin'}"
 
     def _fault_node(self, fault: Fault) -> None:
         """A soak node stops reporting (its kubelet and lease frozen); it comes back later."""
@@ -903,6 +1013,10 @@ class Soak:
                 if now - since > TERMINATING_AT_MOST and pod.spec.node_name not in self.silent:
                     self._violate(owner.name, f"pod {pod.metadata.name} left Terminating")
                 continue
+            nodes = self.nodes_of.get(owner.uid)
+            index = labels.get(names.LABEL_REPLICA_INDEX, "")
+            if nodes is not None and index.isdigit() and int(index) >= nodes:
+                self._violate(owner.name, f"pod {pod.metadata.name}: worker {index} of {nodes}")
             if pod.status.phase in LIVE:
                 key = (
                     owner.uid,
@@ -961,6 +1075,9 @@ class Soak:
         for generation in [*self.generations.values(), *self.preemptors.values()]:
             self._delete(generation)
         kinds = (*CHILD_KINDS, f"{kueue.WORKLOADS}.{kueue.GROUP}")
+        for impostor in self.impostors:  # no job owns them: nothing else removes them
+            with contextlib.suppress(*UNAVAILABLE):
+                self.cluster.core.delete_namespaced_pod(impostor, self.namespace)
         for child in children_left(self.cluster, self.namespace, kinds=kinds):
             self._violate(child, "left after its job was deleted")
         for generation in self.ended:
@@ -984,6 +1101,8 @@ class Soak:
                 self._violate(name, f"Failed at {restarts} restarts, backoffLimit {limit}")
         if restarts > limit:
             self._violate(name, f"{restarts} restarts past backoffLimit {limit}")
+        if phase == "Succeeded" and not generation.finishing:
+            self._violate(name, "Succeeded before the soak ended its workers")
         effective = sum(hit.effective for hit in generation.hits)
         if restarts + preemptions > effective:
             self._violate(
@@ -1069,6 +1188,7 @@ class Soak:
             "minutes": round(self.now() / 60, 1),
             "jobs_ended": dict(Counter(str((g.outcome or {}).get("phase")) for g in self.ended)),
             "faults_applied": dict(sorted(self.applied.items())),
+            "probes": dict(sorted(self.probed.items())),
             "hits": sum(len(g.hits) for g in self.ended),
             "hits_not_isolated": sum(len(g.hits) - len(self._isolated(g)) for g in self.ended),
             "preemptors_created": self.preemptors_created,
@@ -1092,6 +1212,7 @@ class Soak:
                 f"on {self.settings.nodes} kwok nodes",
                 f"faults applied: {dict(sorted(self.applied.items()))}; hits not isolated "
                 f"(overlapping or during a recovery): {overlapping}",
+                f"probes (must change nothing): {dict(sorted(self.probed.items()))}",
                 f"operator RSS (MiB): start {rss[0] if rss else '?'}, end "
                 f"{rss[-1] if rss else '?'}, max {max(rss) if rss else '?'}",
                 f"invariant violations: {len(self.violations)}",

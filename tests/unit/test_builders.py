@@ -6,11 +6,14 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+import annotated_types
 import pytest
+from pydantic import BaseModel
 
 from ddp_trainer import contract
+from ddp_trainer.options import TrainerOptions, parse_argv, to_argv
 from kube_ddp import names
-from kube_ddp.api import JobStatus
+from kube_ddp.api import MAX_COUNT, MAX_NODES, MAX_PORT, MAX_SECONDS, MIN_PORT, JobStatus
 from kube_ddp.builders import (
     RESTRICTED_CONTAINER_CONTEXT,
     RESTRICTED_POD_CONTEXT,
@@ -22,7 +25,9 @@ from kube_ddp.builders import (
 from kube_ddp.launchers import build_children
 from kube_ddp.launchers.mpi import LAUNCHER_REQUESTS, build_mpijob, mpi_admission_probes
 from kube_ddp.launchers.torchrun import build_worker_pod
+from kube_ddp.status import decide
 from tests.unit.support import kubelet_argv, make_job, validate_strict
+from tests.unit.test_status import NOW
 
 TORCHRUN = contract.TORCHRUN_COMMAND
 
@@ -1185,3 +1190,37 @@ def test_the_token_is_in_the_worker_container_only() -> None:
     assert "kube-ddp-token" not in {v["name"] for v in launcher["volumes"]}
     workers = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     assert "kube-ddp-token" in {v["name"] for v in workers["volumes"]}
+
+
+def _largest(model: type[BaseModel]) -> dict[str, Any]:
+    """Each of `model`'s numbers at the largest value its schema allows."""
+    return {
+        field.alias or name: bound.le
+        for name, field in model.model_fields.items()
+        for bound in field.metadata
+        if isinstance(bound, annotated_types.Le)
+    }
+
+
+def test_a_job_at_every_bound_builds_and_decides() -> None:
+    """Every number a job may set, at its largest (a grace period, a gang's timeout, torchrun's
+    restarts, each trainer option): its children build, valid for Kubernetes, its status
+    decides, and the trainer reads back the flags it is given."""
+    trainer = _largest(TrainerOptions)
+    at_most = make_job(
+        nodes=MAX_NODES,
+        accelerator={"type": "nvidia", "perNode": 64},
+        port=MIN_PORT,
+        trainer=trainer,
+        elastic={"minNodes": 1, "maxNodes": MAX_NODES, "maxRestarts": MAX_COUNT},
+        template={"terminationGracePeriodSeconds": MAX_SECONDS},
+        scheduling={"gang": {"scheduler": "coscheduling", "scheduleTimeoutSeconds": MAX_SECONDS}},
+        runPolicy={"backoffLimit": MAX_PORT - MIN_PORT, "activeDeadlineSeconds": MAX_SECONDS},
+    )
+    children = build_children(at_most, settings=SETTINGS)
+    for child in children[:3]:
+        validate_strict(child)
+    assert sum(c["kind"] == "Pod" for c in children) == MAX_NODES
+    assert decide(at_most, [], NOW).actions
+    options = TrainerOptions.model_validate(trainer)
+    assert parse_argv(to_argv(options)) == options
