@@ -4,6 +4,7 @@ reporting through the job's own ServiceAccount, metrics, and many jobs at once."
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import urllib.request
 from collections import Counter
@@ -216,10 +217,19 @@ def test_a_workers_token_cannot_steer_the_job(
     jobs.wait_phase("steered", "Running")
     token = service_account_token(cluster, jobs.namespace, "steered-trainer")
     worker = kubernetes.client.CustomObjectsApi(cluster.client_with_token(token))
-    forged = {"replacing": list(range(2, 42)), "phase": "Succeeded", "restarts": 7}
-    worker.patch_namespaced_custom_object_status(
-        names.GROUP, names.VERSION, jobs.namespace, names.PLURAL, "steered", {"status": forged}
+    patch = functools.partial(
+        worker.patch_namespaced_custom_object_status,
+        names.GROUP,
+        names.VERSION,
+        jobs.namespace,
+        names.PLURAL,
+        "steered",
     )
+    # workers past the job's nodes: the CRD's rule refuses them to any writer
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        patch({"status": {"replacing": list(range(2, 42))}})
+    assert refused.value.status == 422
+    patch({"status": {"replacing": [1], "phase": "Succeeded", "restarts": 7}})
     jobs.wait_events("steered", "StatusOverwritten")
     status = jobs.wait_phase("steered", "Running")
     assert (status["restarts"], status.get("replacing", [])) == (0, [])
