@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from kube_ddp import names
-from kube_ddp.status_policy import API_VERSION, cel_string
+from kube_ddp.status_policy import cel_string, operator_only_policy
 
 MESSAGE = (
     f"pods labelled {names.LABEL_MANAGED_BY}={names.MANAGED_BY} are the kube-ddp operator's "
@@ -29,43 +29,21 @@ def _labelled(object_: str) -> str:
 
 
 def policy(name: str, operator_user: str) -> dict[str, Any]:
-    """The policy, for pod writes by anyone but `operator_user` (the operator's username:
-    `system:serviceaccount:<namespace>:<account>` in the cluster). A pod write that leaves the
+    """The policy, for pod writes by anyone but `operator_user`. A pod write that leaves the
     labels as they were (the garbage collector's, a kubelet's annotation) passes."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": ["pods"],
-                    }
-                ]
-            },
-            "matchConditions": [
-                {
-                    "name": "not-the-operator",
-                    "expression": f"request.userInfo.username != {cel_string(operator_user)}",
-                },
-                {
-                    "name": "labelled-as-a-worker",
-                    "expression": f"{_labelled('object')} || "
-                    f"(oldObject != null && {_labelled('oldObject')})",
-                },
-            ],
-            "validations": [
-                {
-                    "expression": "oldObject != null && "
-                    "object.metadata.?labels == oldObject.metadata.?labels",
-                    "message": MESSAGE,
-                    "reason": "Forbidden",
-                }
-            ],
-        },
+    rule = {
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["pods"],
     }
+    labelled = {
+        "name": "labelled-as-a-worker",
+        "expression": f"{_labelled('object')} || (oldObject != null && {_labelled('oldObject')})",
+    }
+    unchanged = {
+        "expression": "oldObject != null && object.metadata.?labels == oldObject.metadata.?labels",
+        "message": MESSAGE,
+        "reason": "Forbidden",
+    }
+    return operator_only_policy(name, operator_user, rule, [unchanged], (labelled,))

@@ -53,34 +53,42 @@ def validations() -> list[dict[str, str]]:
     ]
 
 
-def policy(name: str, operator_user: str) -> dict[str, Any]:
-    """The policy, for status writes of DDPTrainingJobs by anyone but `operator_user` (the
-    operator's username: `system:serviceaccount:<namespace>:<account>` in the cluster)."""
+def operator_only_policy(
+    name: str,
+    operator_user: str,
+    rule: dict[str, Any],
+    validations: list[dict[str, str]],
+    conditions: tuple[dict[str, str], ...] = (),
+) -> dict[str, Any]:
+    """A ValidatingAdmissionPolicy on the writes `rule` matches by anyone but `operator_user`
+    (the operator's username: `system:serviceaccount:<namespace>:<account>` in the cluster),
+    failing closed, for those that also meet `conditions`."""
+    exempt = {
+        "name": "not-the-operator",
+        "expression": f"request.userInfo.username != {cel_string(operator_user)}",
+    }
     return {
         "apiVersion": API_VERSION,
         "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": name},
         "spec": {
             "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": [names.GROUP],
-                        "apiVersions": ["*"],
-                        "operations": ["UPDATE"],
-                        "resources": [f"{names.PLURAL}/status"],
-                    }
-                ]
-            },
-            "matchConditions": [
-                {
-                    "name": "not-the-operator",
-                    "expression": f"request.userInfo.username != {cel_string(operator_user)}",
-                }
-            ],
-            "validations": validations(),
+            "matchConstraints": {"resourceRules": [rule]},
+            "matchConditions": [exempt, *conditions],
+            "validations": validations,
         },
     }
+
+
+def policy(name: str, operator_user: str) -> dict[str, Any]:
+    """The policy, for status writes of DDPTrainingJobs by anyone but `operator_user`."""
+    rule = {
+        "apiGroups": [names.GROUP],
+        "apiVersions": ["*"],
+        "operations": ["UPDATE"],
+        "resources": [f"{names.PLURAL}/status"],
+    }
+    return operator_only_policy(name, operator_user, rule, validations())
 
 
 def binding(name: str, namespace: str | None = None) -> dict[str, Any]:
