@@ -9,7 +9,6 @@ both tiers check it).
 
 from __future__ import annotations
 
-import itertools
 import re
 import typing
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from pydantic_core import CoreSchema
 
 from ddp_trainer import contract
 from ddp_trainer.options import TrainerOptions
-from kube_ddp import names
+from kube_ddp import names, own_command
 from kube_ddp.server_input import as_the_server_reads
 
 
@@ -187,32 +186,6 @@ class Accelerator(Model):
     @property
     def resource(self) -> str | None:
         return ACCELERATOR_RESOURCES.get(self.type)
-
-
-# Programs that start the ranks themselves: a command starting with one is run as written.
-LAUNCHERS = frozenset({"torchrun", "mpirun", "mpiexec", "horovodrun", "deepspeed", "accelerate"})
-LAUNCHER_MODULES = frozenset(
-    {"torch.distributed.run", "torch.distributed.launch", contract.TORCHRUN_MODULE}
-)
-SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
-
-
-def starts_a_launcher(command: list[str]) -> bool:
-    """Whether `command` starts its own ranks: torchrun, mpirun (or another launcher), `python
-    -m torch.distributed.run`, or a shell script (`sh -c ...`) that names one of them."""
-    program = command[0].rsplit("/", 1)[-1]
-    if program in LAUNCHERS:
-        return True
-    if program.startswith("python"):
-        return any(
-            flag == "-m" and module in LAUNCHER_MODULES
-            for flag, module in itertools.pairwise(command)
-        )
-    if program in SHELLS and "-c" in command:
-        script = " ".join(command[command.index("-c") + 1 :])
-        words = set(script.replace(";", " ").replace("&", " ").replace("|", " ").split())
-        return bool(words & (LAUNCHERS | LAUNCHER_MODULES))
-    return False
 
 
 class ElasticPolicy(Model):
@@ -1016,7 +989,7 @@ class DDPTrainingJobSpec(Model):
             self.run_policy.restart_strategy == "InPlace"
             and self.launcher == "torchrun"
             and self.holds_the_trainer
-            and not (self.command and starts_a_launcher(list(self.command)))
+            and not (self.command and own_command.starts_a_launcher(list(self.command)))
         )
 
     @property
@@ -1040,6 +1013,32 @@ class DDPTrainingJobSpec(Model):
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
+
+    @property
+    def nnodes(self) -> str:
+        """torchrun's --nnodes: the node count, or elastic's "min:max"."""
+        if self.elastic is not None:
+            return f"{self.elastic.min_nodes}:{self.elastic.max_nodes}"
+        return str(self.nodes)
+
+    @model_validator(mode="after")
+    def _command_runs_as_written(self) -> Any:
+        """A pasted launcher line or shell variable would start and then die in every pod:
+        refused here (render, and the operator before it creates anything), saying the line to
+        write. Not a CEL rule: the server's cost budget cannot scan every word of every arg."""
+        if self.command is None:
+            return self
+        command = list(self.command)
+        problems = own_command.launcher_problems(
+            command,
+            launcher=self.launcher,
+            nnodes=self.nnodes,
+            procs_per_node=self.procs_per_node,
+            pods=self.elastic.max_nodes if self.elastic is not None else self.nodes,
+        ) or own_command.unexpanded_variables(command, list(self.args or []))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @property
     def effective_backend(self) -> str:

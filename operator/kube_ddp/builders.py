@@ -16,12 +16,8 @@ from typing import Any
 from ddp_trainer import contract
 from ddp_trainer.options import TrainerOptions, to_argv
 from kube_ddp import names
-from kube_ddp.api import (
-    DDPTrainingJob,
-    DDPTrainingJobSpec,
-    Obj,
-    starts_a_launcher,
-)
+from kube_ddp.api import DDPTrainingJob, DDPTrainingJobSpec, Obj
+from kube_ddp.own_command import starts_a_launcher
 
 SHM_VOLUME = "dshm"
 # The workers' ServiceAccount token, short-lived and rotated by the kubelet, with the cluster's
@@ -97,12 +93,6 @@ def _metadata(job: DDPTrainingJob, name: str, labels: dict[str, str]) -> Obj:
 # --- the env contract -------------------------------------------------------------------------
 
 
-def _nnodes(spec: DDPTrainingJobSpec) -> str:
-    if spec.elastic is not None:
-        return f"{spec.elastic.min_nodes}:{spec.elastic.max_nodes}"
-    return str(spec.nodes)
-
-
 def _runs_one_process_directly(spec: DDPTrainingJobSpec) -> bool:
     """One process per pod and no torchrun: the pod itself is the rank. Never where the ranks
     restart in place: the agent (torchrun) that restarts them runs in every pod."""
@@ -117,7 +107,7 @@ def contract_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[O
     if index is not None:
         values[contract.MASTER_ADDR] = names.master_addr(job.name, job.namespace)
     values[contract.MASTER_PORT] = str(spec.rendezvous_port(attempt))
-    values[contract.NNODES] = _nnodes(spec)
+    values[contract.NNODES] = spec.nnodes
     if index is not None:
         values[contract.NODE_RANK] = str(index)
     values[contract.NPROC_PER_NODE] = str(spec.procs_per_node)
@@ -231,7 +221,7 @@ def _torchrun(job: DDPTrainingJob, index: int) -> list[str]:
     the job has left (a bound: the operator counts them against backoffLimit)."""
     spec = job.spec
     launcher = list(contract.TORCHRUN_COMMAND) if spec.holds_the_trainer else ["torchrun"]
-    command = [*launcher, f"--nnodes={_nnodes(spec)}", f"--nproc-per-node={spec.procs_per_node}"]
+    command = [*launcher, f"--nnodes={spec.nnodes}", f"--nproc-per-node={spec.procs_per_node}"]
     rendezvous = [
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=$({contract.MASTER_ADDR}):$({contract.MASTER_PORT})",

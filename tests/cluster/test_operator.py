@@ -320,6 +320,20 @@ def test_spec_the_api_server_refuses_in_a_pod_fails_the_job(
     jobs.wait_phase("good", "Running")
 
 
+def test_a_pasted_torchrun_line_fails_the_job_with_the_line_to_write(
+    jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """The API server takes any command; the operator refuses one whose torchrun flags fight
+    the job's rendezvous before it creates anything, saying what to write."""
+    command = ["torchrun", "--nnodes=2", "--rdzv_endpoint=$HOSTNAME:3000", "main.py"]
+    jobs.create(job_manifest("pasted", nodes=2, command=command))
+    status = jobs.wait_phase("pasted", "Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert 'write command: ["python", "main.py"] and set spec.nodes: 2' in failed["message"]
+    assert not jobs.pods("pasted")
+
+
 def test_mpi_launcher_without_the_mpi_operator_waits_then_goes_on(
     cluster: Cluster, jobs: Jobs, operator: OperatorProcess, mpijob_crd: ModuleType
 ) -> None:

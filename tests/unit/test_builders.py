@@ -651,7 +651,7 @@ def test_torchrun_in_front_of_ranks_exits_as_the_failed_rank_where_the_image_can
         ["python", "-m", "torch.distributed.run", "train.py"],
         ["python", "-m", "ddp_trainer.torchrun", "train.py"],
         ["python3", "-u", "-m", "torch.distributed.launch", "train.py"],
-        ["mpirun", "-np", "4", "python", "train.py"],
+        ["accelerate", "launch", "train.py"],
         ["bash", "-c", "pip install -e . && torchrun --nproc-per-node=2 train.py"],
     ],
 )
