@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import warnings
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -439,3 +440,19 @@ def test_a_plain_script_with_the_helper_exits_88_naming_the_hung_rank(tmp_path: 
     assert "rank 1 (pod plain-worker-1, node " in run.stderr, run.stderr[-3000:]
     assert "collective(s) behind the others" in run.stderr
     assert run.stderr.rstrip().endswith("exiting 88 so that the group restarts")
+
+
+def test_a_loss_straight_from_the_step_is_reported_without_a_warning(
+    api_server: FakeApiServer, token_file: Path
+) -> None:
+    """Users pass `loss` as the step gives it: a tensor with its graph (requires_grad)."""
+    import torch
+
+    reporter = StatusReporter(status_url(api_server.url, "team-a", "mine"), token_file)
+    heartbeat = Heartbeat(reporter, epochs=1, steps_per_epoch=10, world_size=1, every=30)
+    weight = torch.ones(1, requires_grad=True)
+    loss = (weight * 0.25).sum()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert heartbeat.beat(0, 1, loss)
+    assert api_server.requests[0]["body"]["status"]["training"]["loss"] == 0.25

@@ -178,7 +178,7 @@ class Heartbeat:
         self._mark(epoch_end=step == 0)
         training = {**self.position(epoch, step), "updatedAt": stamp(now_utc())}
         if loss is not None:
-            training["loss"] = finite(float(loss), 6)
+            training["loss"] = finite(as_number(loss), 6)
         return self.reporter.report({"status": {"training": training}}, final=final)
 
     def epoch_report(self, epoch: int) -> dict[str, Any]:
@@ -209,6 +209,13 @@ class Heartbeat:
 
 def stamp(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def as_number(value: SupportsFloat) -> float:
+    """A float, or a tensor's value read without its graph: a loss straight from the step
+    (requires_grad) reads as a number, with no warning."""
+    detach = getattr(value, "detach", None)
+    return float(value if detach is None else detach())
 
 
 def finite(value: float, digits: int) -> float | None:

@@ -23,6 +23,7 @@ from typing import Protocol, SupportsFloat
 
 from ddp_trainer import errors
 from ddp_trainer.contract import EXIT_PREEMPTED
+from ddp_trainer.report import as_number
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class Tracker:
 
     def log(self, step: int, values: Mapping[str, SupportsFloat]) -> None:
         """`values` may be tensors: each is read (a device sync) here."""
-        floats = {key: float(_detached(value)) for key, value in values.items()}
+        floats = {key: as_number(value) for key, value in values.items()}
         for name in ("events", "mlflow"):
             self._call(name, lambda writer: writer.log(step, floats))
 
@@ -111,12 +112,6 @@ def open_tracker(
     if events is None and mlflow is None:
         return None
     return Tracker(events, mlflow)
-
-
-def _detached(value: SupportsFloat) -> SupportsFloat:
-    """A tensor's value without its graph: a loss straight from the step reads as a number."""
-    detach = getattr(value, "detach", None)
-    return value if detach is None else detach()
 
 
 _OPEN: list[Tracker] = []
