@@ -1,15 +1,18 @@
 """A job file as a user writes it: read, validated by the API models, and every problem said in
-one line that names the field (`InputError` for the CLI, `describe_errors` for the operator's
-Failed status too)."""
+one line that names the file's line and column, the field, and the near miss of a misspelt key
+or word (`InputError` for the CLI, `describe_errors` for the operator's Failed status too)."""
 
 from __future__ import annotations
 
+import difflib
+import re
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from kube_ddp import kueue, names
 from kube_ddp.api import (
@@ -55,16 +58,41 @@ def _expanded_values(node: yaml.Node, sizes: dict[int, int]) -> int:
     return total
 
 
-def _check_aliases(text: str) -> None:
-    """Refuse a file whose aliases expand past MAX_EXPANDED_VALUES, naming the line."""
+def _composed(text: str) -> list[yaml.Node]:
+    """The file's documents as YAML nodes (which know their lines), refusing a file whose
+    aliases expand past MAX_EXPANDED_VALUES, naming the line."""
     sizes: dict[int, int] = {}
-    for document in yaml.compose_all(text, Loader=yaml.SafeLoader):
-        if document is not None and _expanded_values(document, sizes) > MAX_EXPANDED_VALUES:
+    documents = [d for d in yaml.compose_all(text, Loader=yaml.SafeLoader) if d is not None]
+    for document in documents:
+        if _expanded_values(document, sizes) > MAX_EXPANDED_VALUES:
             line = document.start_mark.line + 1
             raise yaml.YAMLError(
                 f"line {line}: the document holds more than {MAX_EXPANDED_VALUES} values once "
                 "its aliases (*name) are expanded"
             )
+    return documents
+
+
+def _position(node: yaml.Node, loc: tuple[Any, ...]) -> str:
+    """`line:column` of what `loc` names in `node`: its key's place (an item's own in a
+    list), or the nearest parent's where the document does not hold it (a missing field)."""
+    mark = node.start_mark
+    for part in loc:
+        if isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if not 0 <= part < len(node.value):
+                break
+            node = node.value[part]
+        elif isinstance(node, yaml.MappingNode):
+            pair = next(((k, v) for k, v in node.value if k.value == part), None)
+            if pair is None:
+                break
+            mark = pair[0].start_mark
+            node = pair[1]
+            continue
+        else:
+            break
+        mark = node.start_mark
+    return f"{mark.line + 1}:{mark.column + 1}"
 
 
 def read_jobs(path: str, namespace: str | None) -> list[DDPTrainingJob]:
@@ -74,14 +102,14 @@ def read_jobs(path: str, namespace: str | None) -> list[DDPTrainingJob]:
     except OSError as error:
         raise InputError(f"{path}: cannot read: {error.strerror}") from error
     try:
-        _check_aliases(text)
+        nodes = _composed(text)
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as error:
         raise InputError(f"{path}: not valid YAML: {_yaml_problem(error)}") from error
     if not documents:
         raise InputError(f"{path}: no DDPTrainingJob in the file")
     jobs, problems = [], []
-    for number, document in enumerate(documents, start=1):
+    for number, (document, node) in enumerate(zip(documents, nodes, strict=True), start=1):
         where = path if len(documents) == 1 else f"{path} (document {number})"
         if not isinstance(document, dict):
             problems.append(f"{where}: expected a {names.KIND} mapping")
@@ -89,7 +117,9 @@ def read_jobs(path: str, namespace: str | None) -> list[DDPTrainingJob]:
         try:
             job = load_job(document, namespace)
         except ValidationError as error:
-            problems += [f"{where}: {line}" for line in describe_errors(error)]
+            problems += [
+                f"{path}:{_position(node, loc)}: {line}" for loc, line in _described(error)
+            ]
             continue
         # What the operator fails a job for before it creates anything, and the API server
         # cannot check (its rules see no labels).
@@ -135,18 +165,65 @@ _UNSUPPORTED_AT = {
 _CONTAINER_KEYS = {field.alias or name for name, field in ContainerSettings.model_fields.items()}
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models an annotation holds (through Optional, lists, maps and Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
+
+
+def _keys_at(parents: list[Any]) -> list[str]:
+    """The keys the job's model takes at `parents` (a loc without its last part)."""
+    model: type[BaseModel] = DDPTrainingJob
+    for part in parents:
+        if isinstance(part, int):
+            continue
+        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
+        models = _models_in(field.annotation) if field is not None else []
+        if not models:
+            return []
+        model = models[0]
+    return [field.alias or name for name, field in model.model_fields.items()]
+
+
+def _near_miss(word: str, choices: list[str]) -> str | None:
+    folded = {choice.lower(): choice for choice in choices}
+    if word.lower() in folded:  # batchsize for batchSize
+        return folded[word.lower()]
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
 def _unknown_field(loc: tuple[Any, ...]) -> str:
-    *parents, key = (str(part) for part in loc)
+    *parents, key = (str(part) if not isinstance(part, int) else part for part in loc)
     for where, unsupported in _UNSUPPORTED_AT.items():
         if tuple(parents[-len(where) :]) == where and key in unsupported:
             return unsupported_message(key, unsupported[key]).removeprefix(f"{key} is ")
     if parents[-1:] == ["template"] and key in _CONTAINER_KEYS:
         return f"a container's setting: write it as template.container.{key}"
+    meant = _near_miss(str(key), _keys_at(parents))
+    if meant is not None:
+        return f"unknown field: did you mean {meant}?"
     return "unknown field: check its spelling (keys are camelCase)"
+
+
+def _meant_value(item: Any) -> str:
+    """`: did you mean 'nvidia'?` after a value that is one of a few words but misspelt."""
+    given = item.get("input")
+    expected = str((item.get("ctx") or {}).get("expected", ""))
+    if not isinstance(given, str):
+        return ""
+    meant = _near_miss(given, re.findall(r"'([^']*)'", expected))
+    return f": did you mean {meant!r}?" if meant is not None else ""
 
 
 def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
     """One line per problem: the field path as written in YAML, then what is wrong."""
+    return [line for _, line in _described(error, prefix)]
+
+
+def _described(error: ValidationError, prefix: str = "") -> list[tuple[tuple[Any, ...], str]]:
+    """Each problem's loc (in the document) and its line."""
     lines = []
     for item in error.errors(include_url=False):
         path = prefix
@@ -159,8 +236,8 @@ def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
             message = "required field is missing"
         shown = item.get("input")
         if item["type"] in ("literal_error", "enum") and shown is not None:
-            message += f" (got {shown!r})"
+            message += f" (got {shown!r}){_meant_value(item)}"
         elif item["type"] in _TYPE_ERRORS:
             message += _what_was_given(shown, item["type"])
-        lines.append(f"{path or '<document>'}: {message}")
+        lines.append((tuple(item["loc"]), f"{path or '<document>'}: {message}"))
     return lines

@@ -122,7 +122,7 @@ def test_bad_input_exits_2_with_one_line_per_problem(
     assert (code, objects) == (2, [])
     lines = err.strip().splitlines()
     assert len(lines) == len(expected), err
-    assert all(line.startswith(path + ": ") for line in lines)
+    assert all(line.startswith(path + ":") for line in lines)
     for fragment in expected:
         assert sum(fragment in line for line in lines) == 1, (fragment, lines)
 
@@ -166,7 +166,7 @@ def test_console_script_reads_stdin_and_never_shows_a_traceback() -> None:
         [str(script), "render", "-"], input=bad, capture_output=True, text=True, check=False
     )
     assert result.returncode == 2
-    assert result.stderr == "-: spec.nodes: Input should be greater than or equal to 1\n"
+    assert result.stderr == "-:6:3: spec.nodes: Input should be greater than or equal to 1\n"
     good = subprocess.run(
         [str(script), "render", "-", "-n", "x"],
         input=BAR,
@@ -241,3 +241,30 @@ def test_render_says_a_topology_job_s_workload_name_is_not_the_cluster_s(
     assert code == 0
     assert "kueue.x-k8s.io/workload ends with a hash of the job's uid" in said
     assert "hash of the job's uid" not in render(capsys, write_job(BAR))[2]
+
+
+def test_a_misspelt_key_or_word_is_placed_and_its_near_miss_named(
+    capsys: pytest.CaptureFixture[str], write_job
+) -> None:
+    """The file's line and column of each problem, and "did you mean" where one key or word
+    of the field's is close (a case slip or a typo), as a user's editor would jump to it."""
+    text = """\
+apiVersion: kubeddp.io/v1alpha1
+kind: DDPTrainingJob
+metadata: {name: typo}
+spec:
+  nodes: 2
+  accelerator: {type: nvdia, perNode: 1}
+  trainer:
+    batchsize: 64
+  envv: []
+"""
+    path = write_job(text)
+    code, _, err = render(capsys, path)
+    assert code == 2
+    assert sorted(err.splitlines()) == [
+        f"{path}:6:17: spec.accelerator.type: Input should be 'nvidia', 'gaudi', 'amd' or "
+        "'cpu' (got 'nvdia'): did you mean 'nvidia'?",
+        f"{path}:8:5: spec.trainer.batchsize: unknown field: did you mean batchSize?",
+        f"{path}:9:3: spec.envv: unknown field: did you mean env?",
+    ]

@@ -506,8 +506,8 @@ def test_ctrl_c_stops_every_process_it_started(
 @pytest.mark.parametrize(
     ("args", "spec", "words"),
     [
-        ((), {"nodes": 0}, "bar.yaml: spec.nodes: Input should be greater than or equal to 1"),
-        ((), {"nodes": 1, "replicas": 2}, "bar.yaml: spec.replicas: unknown field"),
+        ((), {"nodes": 0}, "bar.yaml:7:3: spec.nodes: Input should be greater than or equal to 1"),
+        ((), {"nodes": 1, "replicas": 2}, "bar.yaml:8:3: spec.replicas: unknown field"),
         (("--nodes=0",), {"nodes": 1}, "--nodes must be at least 1, got 0"),
         ((), {"nodes": 1, "launcher": "mpi"}, "launcher: mpi cannot run locally"),
         (
@@ -536,7 +536,7 @@ def test_python_m_kube_ddp_cli_exits_2_too(tmp_path: Path) -> None:
     )
     assert (done.returncode, done.stderr) == (
         2,
-        f"{tmp_path / 'bar.yaml'}: spec.nodes: required field is missing\n",
+        f"{tmp_path / 'bar.yaml'}:6:1: spec.nodes: required field is missing\n",
     )
 
 
