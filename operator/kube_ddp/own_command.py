@@ -183,6 +183,32 @@ def launcher_problems(
     return _torchrun_problems(words, nnodes=nnodes, procs_per_node=procs_per_node, pods=pods)
 
 
+# python's options that take a value; -c and -m end the options with no script file.
+_PYTHON_VALUED = frozenset({"-W", "-X", "--check-hash-based-pycs"})
+
+
+def script_of(command: Sequence[str]) -> str | None:
+    """The file a command runs, where it names one: python's script, torchrun's, or a
+    program given by a relative path (`./train.sh`). None for a module, `-c` code or a
+    program found on PATH."""
+    torchrun = _torchrun_words(command)
+    if torchrun is not None:
+        options, script = _torchrun_options(torchrun)
+        return script[0] if script and "module" not in options else None
+    if program(command).startswith("python"):
+        words = list(command[1:])
+        while words and words[0].startswith("-"):
+            flag = words.pop(0)
+            if flag in ("-c", "-m") or flag.startswith(("-c", "-m")):
+                return None
+            if flag in _PYTHON_VALUED and words:
+                words.pop(0)
+        return words[0] if words else None
+    if command and "/" in command[0] and not command[0].startswith("/"):
+        return command[0]
+    return None
+
+
 def unexpanded_variables(command: Sequence[str], args: Sequence[str]) -> list[str]:
     """Each `$NAME` in the command and its args that stays as written: no shell runs them."""
     if _runs_a_shell_script(command):

@@ -47,3 +47,16 @@ def test_the_cli_installs_from_the_repository_without_torch(tmp_path: Path) -> N
     assert rendered.returncode == 0, rendered.stderr
     assert "kind: Pod" in rendered.stdout
     assert "ddp-trainer:0.1.0-cpu" in rendered.stderr  # the CPU image, named by render
+    # run --local there: refused before any worker starts, with the line that installs torch
+    local = subprocess.run(
+        [python, str(venv / "bin" / "kube-ddp"), "run", "--local", str(job)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (local.returncode, local.stdout) == (2, ""), local.stderr
+    assert local.stderr == (
+        f"{job}: the workers run this Python ({python}), which has no torch nor sklearn: "
+        "install them with pip install './trainer_image[torch,digits]' from a clone (or pip "
+        "install 'ddp-trainer[torch,digits]'), or run make venv there\n"
+    )

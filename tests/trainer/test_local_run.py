@@ -139,9 +139,7 @@ def test_a_killed_worker_restarts_the_group_which_resumes_from_its_checkpoint(
     done = run_job(tmp_path, job)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "crashed").exists()
-    assert (
-        "Warning WorkerFailed: digits-worker-1 exited with code 137 (Error); restarting the group"
-    ) in done.stderr
+    assert_restarted_for(done.stderr, "digits-worker-1 exited with code 137")
     # Attempt 0 trained epoch 1 and was killed; attempt 1 resumed at epoch 2.
     assert [epoch["epoch"] for epoch in epochs_of_rank_0(done.stdout)] == [1, 2, 3]
     assert summary_value(done.stderr, "restarts") == "1", done.stderr  # says why a second
@@ -168,9 +166,7 @@ def test_under_torchrun_a_killed_rank_restarts_the_group_a_missing_dataset_fails
     }
     done = run_job(tmp_path, job)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (
-        "Warning WorkerFailed: digits-worker-0 exited with code 137 (Error); restarting the group"
-    ) in done.stderr
+    assert_restarted_for(done.stderr, "digits-worker-0 exited with code 137")
     assert summary_value(done.stderr, "phase") == "Succeeded"
 
     missing = {**DIGITS, "dataset": "mnist", "dataDir": str(tmp_path / "no-data")}
@@ -257,14 +253,22 @@ def transcript_pattern(line: str) -> re.Pattern[str]:
 EXIT_ABORT = "terminate called without an active exception"
 
 
+def assert_restarted_for(said: str, what: str) -> None:
+    """A WorkerFailed event for `what`, with the pod's last line (its termination message),
+    that restarted the group."""
+    (event,) = [line for line in said.splitlines() if f"Warning WorkerFailed: {what}" in line]
+    assert event.split(what, 1)[1].startswith(" (Error: "), event
+    assert "; restarting the group" in event, event
+
+
 def run_example(name: str, *flags: str) -> subprocess.CompletedProcess[str]:
-    """`kube-ddp run --local job.yaml` in the example's directory, as its comment says; it must
-    succeed. A failed run in which a rank aborted at exit (EXIT_ABORT) is said as a warning
-    and run once more, which must succeed."""
+    """`kube-ddp run --local manifests/examples/<name>/job.yaml` from the repository's root, as
+    its comment says; it must succeed. A failed run in which a rank aborted at exit
+    (EXIT_ABORT) is said as a warning and run once more, which must succeed."""
     for attempt in (1, 2):
         done = subprocess.run(
-            [KUBE_DDP, "run", "--local", *flags, "job.yaml"],
-            cwd=support.REPO / "manifests" / "examples" / name,
+            [KUBE_DDP, "run", "--local", *flags, f"manifests/examples/{name}/job.yaml"],
+            cwd=support.REPO,
             env=support.clean_env(),
             capture_output=True,
             text=True,
@@ -279,10 +283,12 @@ def run_example(name: str, *flags: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_own_script_example_runs_under_torchrun_started_by_kube_ddp() -> None:
-    """manifests/examples/own-script as shipped, from its directory (the job names
-    `train.py`, a plain PyTorch script): 2 pods x 2 processes, each with its rank from the
-    torchrun kube-ddp put in front of `python train.py`."""
+    """manifests/examples/own-script as shipped, from the repository's root (the job names
+    `train.py`, a plain PyTorch script beside it, found there): 2 pods x 2 processes, each with
+    its rank from the torchrun kube-ddp put in front of `python train.py`."""
     done = run_example("own-script")
+    example = support.REPO / "manifests" / "examples" / "own-script"
+    assert f"kube-ddp: the workers run in {example}, beside the job file" in done.stderr
     ranks = set(re.findall(r"rank (\d) of 4 \(local rank (\d)\)", done.stdout))
     assert ranks == {("0", "0"), ("1", "1"), ("2", "0"), ("3", "1")}
     assert "done: 200 steps on 4 ranks" in done.stdout

@@ -23,6 +23,7 @@ from ddp_trainer import contract
 from ddp_trainer.report import StatusReporter, training_patch
 from kube_ddp import names
 from kube_ddp.builders import worker_env
+from kube_ddp.local import preflight
 from kube_ddp.local.endpoint import StatusEndpoint
 from kube_ddp.local.plan import (
     LOWEST_PORT,
@@ -306,13 +307,15 @@ def python_workers(script: str, nodes: int = 2, **spec: Any) -> dict[str, Any]:
     return {"nodes": nodes, "command": ["python", "-c", script], **spec}
 
 
-def run_cli(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout: float = RUN_TIMEOUT_S, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """`kube-ddp *args`; one still running after `timeout` is stopped as a SIGTERM stops a
     local run, its workers with it (a SIGKILL, subprocess.run's, would leave them running),
     and the test fails."""
     argv = [*KUBE_DDP, *args]
     with subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd
     ) as process:
         try:
             out, err = process.communicate(timeout=timeout)
@@ -398,7 +401,54 @@ def test_a_non_retryable_exit_fails_the_job_with_the_first_failure(tmp_path: Pat
     assert done.returncode == 1, done.stderr
     assert "[worker-1] bad input" in done.stdout
     assert "Warning NonRetryableExitCode: bar-worker-1 exited with code 3" in done.stderr
+    # its last line, as a cluster's pod gives it (terminationMessagePolicy FallbackToLogsOnError)
+    assert "message       bar-worker-1 exited with code 3 (Error: bad input); " in done.stderr
     assert "failure       bar-worker-1 exit 3 (Error)" in done.stderr
+
+
+def test_a_script_beside_the_job_file_is_run_there(tmp_path: Path) -> None:
+    """The job's pods have its script where a volume mounts it; here it is beside the job
+    file, which the user may run from anywhere (the README's examples are run from the root)."""
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "train.py").write_text("import os; print('ran in', os.getcwd())\n")
+    job = write_job(tmp_path / "jobs", {"nodes": 1, "command": ["python", "train.py"]})
+    done = run_cli("run", "--local", "jobs/bar.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"kube-ddp: the workers run in {job.parent}, beside the job file" in done.stderr
+    assert f"[worker-0] ran in {job.parent}" in done.stdout
+
+
+def test_a_script_in_neither_place_is_refused_before_any_worker_starts(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    write_job(tmp_path / "jobs", {"nodes": 2, "command": ["python", "-u", "train.py"]})
+    done = run_cli("run", "--local", "jobs/bar.yaml", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"jobs/bar.yaml: spec.command runs train.py, which is not in {tmp_path} nor "
+        f"in {tmp_path / 'jobs'} (the workers' directory, and the job file's): give its path "
+        "as the command's, or run from the directory that holds it\n"
+    )
+
+
+def test_requests_this_machine_cannot_meet_are_said_in_one_line(tmp_path: Path) -> None:
+    spec = {
+        "nodes": 2,
+        "command": ["python", "-c", "pass"],
+        "resources": {"requests": {"cpu": "1000", "memory": "250Ti"}, "limits": {"cpu": "1200"}},
+        "runPolicy": RECREATE,
+    }
+    done = run_cli("run", "--local", str(write_job(tmp_path, spec)))
+    assert done.returncode == 0, done.stderr
+    (said,) = [line for line in done.stderr.splitlines() if "requests not met" in line]
+    cores = Machine.detect(os.environ).cpus
+    assert said.startswith(
+        f"kube-ddp: requests not met here: cpu 1000 a worker x 2 (this machine has {cores} "
+        "cores); memory 250Ti a worker x 2 (this machine has "
+    )
+    assert said.endswith(
+        "GiB); the workers run anyway, sharing this machine (a cluster "
+        "schedules each pod where its requests fit)"
+    )
 
 
 def test_a_killed_worker_restarts_the_group(tmp_path: Path) -> None:
@@ -415,7 +465,8 @@ def test_a_killed_worker_restarts_the_group(tmp_path: Path) -> None:
     done = run_cli("run", "--local", str(write_job(tmp_path, python_workers(script))))
     assert done.returncode == 0, done.stderr
     assert (
-        "Warning WorkerFailed: bar-worker-1 exited with code 137 (Error); restarting the group "
+        "Warning WorkerFailed: bar-worker-1 exited with code 137 (Error: attempt 0); restarting "
+        "the group "
         "(restart 1 of at most 3)"
     ) in done.stderr
     assert done.stdout.count("attempt 0") == 2 and done.stdout.count("attempt 1") == 2
@@ -704,3 +755,12 @@ def test_a_run_with_no_epoch_says_there_is_no_curve(tmp_path: Path) -> None:
     done = run_cli("run", "--local", str(job))
     assert done.returncode == 0, done.stderr
     assert done.stderr.rstrip().endswith("Curve:        no epoch has ended yet")
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("2", 2), ("500m", 0.5), ("1.5", 1.5), ("4Gi", 4 * 2**30), ("250G", 250e9), ("1e3", 1000)],
+)
+def test_a_request_is_read_as_kubernetes_writes_quantities(text: str, value: float) -> None:
+    assert preflight.quantity(text) == pytest.approx(value)
+    assert preflight.quantity(f"{text} cores") is None

@@ -4,6 +4,7 @@ to write; a launcher line that agrees with the job runs as written."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -38,7 +39,7 @@ def render_spec(capsys: pytest.CaptureFixture[str], write_job, spec: dict[str, A
     code = main(["render", path])
     out, err = capsys.readouterr()
     assert (code, out) == (2, "")
-    return err.replace(path, "job.yaml")
+    return re.sub(r"^.*?:\d+:\d+: ", "job.yaml: ", err, flags=re.M)  # the line: test_cli's
 
 
 def test_the_tutorials_torchrun_line_is_refused_with_the_line_to_write(
@@ -153,3 +154,21 @@ def test_the_switches_are_torchruns_own() -> None:
         if option.startswith("--")
     }
     assert switches == own_command.TORCHRUN_SWITCHES
+
+
+@pytest.mark.parametrize(
+    ("command", "script"),
+    [
+        (["python", "train.py", "--x"], "train.py"),
+        (["python3", "-u", "-W", "ignore", "src/train.py"], "src/train.py"),
+        (["python", "-m", "pkg.train"], None),
+        (["python", "-c", "pass"], None),
+        (["torchrun", "--nproc-per-node", "2", "main.py"], "main.py"),
+        (["python", "-m", "torch.distributed.run", "-m", "pkg"], None),
+        (["./run.sh", "a"], "./run.sh"),
+        (["/opt/run.sh"], None),
+        (["deepspeed", "train.py"], None),
+    ],
+)
+def test_the_script_a_command_runs(command: list[str], script: str | None) -> None:
+    assert own_command.script_of(command) == script

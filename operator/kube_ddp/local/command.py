@@ -67,6 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         logs_dir=args.logs,
         stop_grace_s=args.grace_period,
         plot_path=args.plot,
+        job_dir=None if args.file == "-" else Path(args.file).resolve().parent,
     )
     try:
         return run_local(jobs[0], options, Machine.detect(os.environ))

@@ -197,6 +197,7 @@ class WorkerLaunch:
     env: dict[str, str]  # the process's whole environment
     pod_env: dict[str, str]  # the part the pod spec defines (the env contract and spec.env)
     owner_uid: str | None = None  # the job's, as the pod's controlling owner says
+    cwd: Path | None = None  # where it runs (None: where kube-ddp runs)
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,7 @@ class LocalSettings:
     machine: Machine
     api_server: str  # where the trainer reports progress
     token_file: Path
+    workdir: Path | None = None  # the workers' directory (None: where kube-ddp runs)
 
 
 def worker_launches(
@@ -246,6 +248,7 @@ def _launch(job: DDPTrainingJob, pod: dict[str, Any], local: LocalSettings) -> W
         env=env,
         pod_env=pod_env,
         owner_uid=job.metadata.uid,
+        cwd=local.workdir,
     )
 
 

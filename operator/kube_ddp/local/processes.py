@@ -24,6 +24,8 @@ from kube_ddp.status import PodView
 
 # What the container runtime reports for a command it cannot start (containerd: StartError).
 START_ERROR_EXIT_CODE = 128
+LAST_LINE_CHARS = 2048  # of a termination message: the kubelet's 2048 bytes of log
+PUMP_DRAIN_S = 1.0  # for the last lines after an exit (a descendant may hold the pipe open)
 
 LineSink = Callable[[WorkerLaunch, str], None]
 
@@ -55,6 +57,7 @@ class LocalPod:
         self.stop_requested_at: float | None = None
         self._threads: list[threading.Thread] = []
         self._descendants: dict[int, str] = {}  # pid: start time, seen while it was stopped
+        self._last_line = ""  # the pod's termination message on a failure, as on a cluster
 
     @property
     def name(self) -> str:
@@ -73,6 +76,7 @@ class LocalPod:
             self._process = subprocess.Popen(
                 self.launch.argv,
                 env=self.launch.env,
+                cwd=self.launch.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -81,7 +85,7 @@ class LocalPod:
         except OSError as error:
             self._ended(START_ERROR_EXIT_CODE, "StartError", f"{self.launch.argv[0]}: {error}")
             return
-        for target, role in ((self._wait, "wait"), (self._pump, "log")):
+        for target, role in ((self._pump, "log"), (self._wait, "wait")):
             thread = threading.Thread(target=target, name=f"{self.name}-{role}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -89,7 +93,12 @@ class LocalPod:
     def _wait(self) -> None:
         assert self._process is not None
         code = exit_code_of(self._process.wait())
-        self._ended(code, "Completed" if code == 0 else "Error", None)
+        pump = next((t for t in self._threads if t.name.endswith("-log")), None)
+        if pump is not None:  # its last lines are still in the pipe
+            pump.join(timeout=PUMP_DRAIN_S)
+        # The worker's last words, as a cluster's FallbackToLogsOnError gives its pod's.
+        message = self._last_line[:LAST_LINE_CHARS] if code and self._last_line else None
+        self._ended(code, "Completed" if code == 0 else "Error", message)
 
     def _ended(self, code: int, reason: str, message: str | None) -> None:
         with self._lock:
@@ -102,7 +111,10 @@ class LocalPod:
     def _pump(self) -> None:
         assert self._process is not None and self._process.stdout is not None
         for raw in self._process.stdout:
-            self._on_line(self.launch, raw.decode(errors="replace").rstrip("\r\n"))
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            if line.strip():
+                self._last_line = line.strip()
+            self._on_line(self.launch, line)
 
     def view(self) -> PodView:
         with self._lock:

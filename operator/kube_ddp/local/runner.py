@@ -28,6 +28,7 @@ from typing import TextIO
 from ddp_trainer.contract import EXIT_PREEMPTED
 from kube_ddp import plot
 from kube_ddp.api import DDPTrainingJob, JobStatus
+from kube_ddp.local import preflight
 from kube_ddp.local.console import Console, WorkerRecord, progress_line
 from kube_ddp.local.endpoint import StatusEndpoint
 from kube_ddp.local.plan import (
@@ -55,6 +56,7 @@ class RunOptions:
     logs_dir: Path | None = None
     stop_grace_s: float = 10.0  # SIGTERM to SIGKILL, as terminationGracePeriodSeconds
     plot_path: Path | None = None  # the training curve as a PNG, at the end
+    job_dir: Path | None = None  # the job file's directory (None: read from stdin)
 
 
 def run_local(
@@ -67,12 +69,14 @@ def run_local(
     """Run `job` here until it Succeeded (0) or Failed (1), or Ctrl-C (130). A job that
     cannot run here raises plan.LocalRunError before anything starts."""
     fitted = fit_job(job, options.overrides, machine, local_state_dir(job, os.environ))
+    preflight.missing_packages(fitted)
+    workdir = preflight.workdir(fitted, options.job_dir, Path.cwd())
     console = Console(out, err, options.logs_dir)
     with (
         tempfile.TemporaryDirectory(prefix="kube-ddp-run-") as scratch,
         StatusEndpoint(fitted, Path(scratch)) as endpoint,
     ):
-        settings = LocalSettings(machine, endpoint.url, endpoint.token_file)
+        settings = LocalSettings(machine, endpoint.url, endpoint.token_file, workdir)
         # Every pod's env must resolve here (valueFrom a Secret cannot) before anything starts.
         worker_launches(fitted, 0, tuple(range(fitted.spec.nodes)), settings)
         spec = fitted.spec
@@ -84,6 +88,14 @@ def run_local(
         )
         for said in moved_dirs(job, fitted):
             console.note(said)
+        if workdir is not None:
+            console.note(
+                f"the workers run in {workdir}, beside the job file, where its script is (as "
+                "the job's pods have it where its volume mounts it)"
+            )
+        unmet = preflight.unmet_requests(fitted, machine, preflight.memory_bytes())
+        if unmet is not None:
+            console.note(unmet)
         runner = _Runner(fitted, settings, console, endpoint, options.stop_grace_s)
         try:
             with _sigterm_as_interrupt():
