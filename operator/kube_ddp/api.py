@@ -116,6 +116,8 @@ ACCELERATOR_BACKENDS: dict[str, str] = {
     "cpu": "gloo",
 }
 MAX_NODES = 1024
+TRAINER_SSH_DIR = "/home/trainer/.ssh"  # the trainer image's user's (contract.IMAGE_UID)
+ROOT_SSH_DIR = "/root/.ssh"
 MAX_SECONDS = contract.MAX_SECONDS
 # The longest checkpoint save a report may give (a day): the grace period is fitted to it.
 MAX_SAVE_SECONDS = 24 * 3600
@@ -250,13 +252,13 @@ class MPIOptions(Model):
         description="Port of the workers' sshd, which mpirun reaches over ssh; below 1024 only "
         "when the image runs as root.",
     )
-    ssh_auth_mount_path: str = Field(
-        "/home/trainer/.ssh",
+    ssh_auth_mount_path: str | None = Field(
+        None,
         max_length=contract.MAX_PATH,
         pattern=r"^/\S*$",
         description="Where the MPI Operator mounts the job's ssh keys: the .ssh directory of "
-        "the user the image runs as (/home/trainer/.ssh in the trainer image; /root/.ssh for "
-        "images that run as root).",
+        "the user the image runs as. Unset: /root/.ssh where the template runs as root "
+        "(runAsUser: 0), else /home/trainer/.ssh (the trainer image's user).",
     )
 
 
@@ -1001,6 +1003,25 @@ class DDPTrainingJobSpec(Model):
         """The gang's size as written (None without a gang or without minMember)."""
         gang = self.scheduling.gang if self.scheduling is not None else None
         return gang.min_member if gang is not None else None
+
+    @property
+    def runs_as_root(self) -> bool:
+        """Whether the template runs a container as root (runAsUser 0)."""
+        template = self.template
+        contexts = [
+            template.security_context or {},
+            template.container.security_context or {},
+            *(c.get("securityContext") or {} for c in template.init_containers),
+        ]
+        return any(c.get("runAsUser") == 0 for c in contexts)
+
+    @property
+    def ssh_dir(self) -> str:
+        """Where the MPI Operator mounts the ssh keys: mpi.sshAuthMountPath, else the .ssh
+        of the user the template runs as."""
+        if self.mpi is not None and self.mpi.ssh_auth_mount_path is not None:
+            return self.mpi.ssh_auth_mount_path
+        return ROOT_SSH_DIR if self.runs_as_root else TRAINER_SSH_DIR
 
     @property
     def procs_per_node(self) -> int:

@@ -354,22 +354,12 @@ def pod_security_context(spec: DDPTrainingJobSpec) -> Obj:
     runs a container as root (runAsUser 0) does not get runAsNonRoot, which would stop it."""
     own = dict(spec.template.security_context or {})
     context = {**RESTRICTED_POD_CONTEXT, **own}
-    if _runs_as_root(spec) and "runAsNonRoot" not in own:
+    if spec.runs_as_root and "runAsNonRoot" not in own:
         del context["runAsNonRoot"]
     if "fsGroup" not in context and spec.launcher != "mpi":
         context["fsGroup"] = names.TRAINER_IMAGE_GID
         context.setdefault("fsGroupChangePolicy", "OnRootMismatch")
     return context
-
-
-def _runs_as_root(spec: DDPTrainingJobSpec) -> bool:
-    template = spec.template
-    contexts = [
-        template.security_context or {},
-        template.container.security_context or {},
-        *(c.get("securityContext") or {} for c in template.init_containers),
-    ]
-    return any(c.get("runAsUser") == 0 for c in contexts)
 
 
 def container_security_context(own: Obj | None) -> Obj:

@@ -1224,3 +1224,20 @@ def test_a_job_at_every_bound_builds_and_decides() -> None:
     assert decide(at_most, [], NOW).actions
     options = TrainerOptions.model_validate(trainer)
     assert parse_argv(to_argv(options)) == options
+
+
+def test_an_mpi_job_that_runs_as_root_gets_its_keys_in_roots_home() -> None:
+    """Intel's Gaudi image as it is runs as root: mpirun's ssh and the workers' sshd must look
+    in /root/.ssh, unless sshAuthMountPath says otherwise."""
+    as_root = {**GAUDI_2X8, "template": {"securityContext": {"runAsUser": 0}}}
+    for spec, keys in [
+        (GAUDI_2X8, "/home/trainer/.ssh"),
+        (as_root, "/root/.ssh"),
+        ({**as_root, "mpi": {"sshAuthMountPath": "/keys"}}, "/keys"),
+    ]:
+        obj = mpijob(spec)
+        assert obj["spec"]["sshAuthMountPath"] == keys
+        words = launcher_script(obj)
+        assert f"-i {keys}/id_rsa" in words[words.index("plm_rsh_args") + 1]
+        (worker,) = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+        assert f"HostKey {keys}/id_rsa" in worker["command"][2]

@@ -106,7 +106,7 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
     ]
     # The workers' sshd listens on ssh_port and trusts the job's key (their start script).
     ssh = (
-        f"-p {mpi.ssh_port} -i {mpi.ssh_auth_mount_path}/id_rsa -o ConnectionAttempts=10 "
+        f"-p {mpi.ssh_port} -i {job.spec.ssh_dir}/id_rsa -o ConnectionAttempts=10 "
         "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
     )
     # Open MPI's --prefix sets PATH and LD_LIBRARY_PATH for the orted that ssh starts: images
@@ -154,9 +154,9 @@ def mpirun_command(job: DDPTrainingJob) -> list[str]:
 
 def sshd_command(job: DDPTrainingJob) -> list[str]:
     """An MPI worker: sshd in the foreground on ssh_port, trusting the job's key, as whichever
-    user the image runs (the MPI Operator mounts the key pair at ssh_auth_mount_path)."""
+    user the image runs (the MPI Operator mounts the key pair at the spec's ssh_dir)."""
     mpi = _mpi(job.spec)
-    keys = mpi.ssh_auth_mount_path
+    keys = job.spec.ssh_dir
     config = "\n".join(
         [
             f"Port {mpi.ssh_port}",
@@ -313,7 +313,7 @@ def build_mpijob(job: DDPTrainingJob, attempt: int, settings: BuildSettings) -> 
             "mpiImplementation": "OpenMPI",
             # Without a gang mpirun starts once every worker's sshd is up, not into retries.
             "launcherCreationPolicy": creation,
-            "sshAuthMountPath": _mpi(spec).ssh_auth_mount_path,
+            "sshAuthMountPath": spec.ssh_dir,
             "mpiReplicaSpecs": replicas,
         },
     }
