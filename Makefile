@@ -53,7 +53,8 @@ $(UV):
 
 venv: $(SYNCED)
 $(SYNCED): $(UV) pyproject.toml uv.lock operator/pyproject.toml trainer_image/pyproject.toml
-	$(UV) sync --frozen --all-packages --python python3
+	@echo "make venv: installing .venv from uv.lock (torch and the tools: minutes the first time)"
+	$(UV) sync --quiet --frozen --all-packages --python python3
 	touch $@
 
 uv.lock: pyproject.toml operator/pyproject.toml trainer_image/pyproject.toml | $(UV)

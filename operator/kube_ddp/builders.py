@@ -129,12 +129,18 @@ def contract_env(job: DDPTrainingJob, index: int | None, attempt: int) -> list[O
         policy = spec.run_policy
         values[contract.RESTART_POLICY_ENV] = policy.restart_policy
         values[contract.RETRYABLE_EXIT_CODES_ENV] = ",".join(map(str, policy.retryable_exit_codes))
+    # torchrun reads each of its flags from PET_<FLAG> too, which a command that starts its own
+    # torchrun relies on. Not the node's rank where kube-ddp's torchrun joins a c10d
+    # rendezvous (which numbers the nodes itself): torchrun warns of a node rank given there.
+    mirrored = set(contract.TORCHRUN_MIRRORED)
+    if (spec.restarts_in_place or spec.elastic is not None) and not (
+        spec.command and starts_a_launcher(list(spec.command))
+    ):
+        mirrored.discard(contract.NODE_RANK)
     result: list[Obj] = []
     for name, value in values.items():
         result.append({"name": name, "value": value})
-        if (
-            name in contract.TORCHRUN_MIRRORED
-        ):  # torchrun reads each of its flags from PET_<FLAG> too
+        if name in mirrored:
             result.append({"name": contract.torchrun_name(name), "value": value})
     for name, field_path in contract.FIELD_OF.items():
         result.append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}})

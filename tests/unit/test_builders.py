@@ -88,10 +88,11 @@ class ContractCase:
     launcher_defaults: dict[str, str] = field(default_factory=dict)
 
 
-def every_worker_gets(index_env: dict[str, str]) -> dict[str, str]:
+def every_worker_gets(index_env: dict[str, str], c10d: bool = False) -> dict[str, str]:
     """The names set the same way on every worker of every shape, and torchrun's PET_ copies
-    of the case's own."""
-    mirrored = ("NNODES", "NODE_RANK", "NPROC_PER_NODE")
+    of the case's own: not the node's rank where kube-ddp's torchrun joins a c10d rendezvous,
+    which numbers the nodes itself (torchrun warns of one given)."""
+    mirrored = ("NNODES", "NPROC_PER_NODE") if c10d else ("NNODES", "NODE_RANK", "NPROC_PER_NODE")
     return {
         "MASTER_ADDR": MASTER,
         "PET_MASTER_ADDR": MASTER,
@@ -261,7 +262,7 @@ def test_each_attempt_rendezvous_on_its_own_port() -> None:
 def test_env_contract(case: ContractCase) -> None:
     container = container_of(worker(case.spec, case.index, attempt=2))
     assert env_of(container) == {
-        **every_worker_gets(case.env),
+        **every_worker_gets(case.env, c10d="--rdzv-backend=c10d" in case.command),
         **case.env,
         **case.launcher_defaults,
     }
