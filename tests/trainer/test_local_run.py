@@ -296,6 +296,14 @@ def test_the_own_script_example_runs_under_torchrun_started_by_kube_ddp() -> Non
     assert summary_value(done.stderr, "epochs") == "2/2"  # its one `report` line
 
 
+def test_the_slurm_examples_job_runs_as_its_sbatch_script_would() -> None:
+    """manifests/examples/slurm/job.yaml, the sbatch example's job: one pod of two tasks."""
+    done = run_example("slurm")
+    assert "1 workers x 2 processes" in done.stderr
+    assert summary_value(done.stderr, "phase") == "Succeeded"
+    assert summary_value(done.stderr, "epochs") == "10/10"
+
+
 def test_the_mp_spawn_example_runs_as_written_one_process_spawning_its_ranks() -> None:
     """manifests/examples/mp-spawn as shipped (the tutorial's script, unchanged), on the CPU:
     the pod's one process spawns its own ranks (2 without a GPU), under its own MASTER_ADDR."""
