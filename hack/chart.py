@@ -327,6 +327,8 @@ def schema_json(schema_text: str, docs: dict[tuple[str, ...], str]) -> str:
 
 def _type(node: dict[str, Any]) -> str:
     kind = node.get("type", "object")
+    if isinstance(kind, list):  # a nullable value: ["array", "null"]
+        return " \\| ".join(_type({**node, "type": k}) for k in kind)
     if kind == "array" and "items" in node:
         return f"array of {node['items'].get('type', 'object')}"
     if "enum" in node:

@@ -18,6 +18,7 @@ from kube_ddp.crd import custom_resource_definition
 from kube_ddp.jobfile import InputError, read_jobs
 from kube_ddp.launchers import build_children
 from kube_ddp.local import command as local_command
+from kube_ddp.operator_policy import PodPolicy
 
 EXIT_USAGE = 2
 EXIT_POD_SECURITY = 1  # render --pod-security: a pod does not meet the level
@@ -144,6 +145,13 @@ def cmd_operator(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         log_format=args.log_format,
         workers=args.workers,
+        pod_policy=PodPolicy(
+            pod_security=args.pod_security,
+            service_accounts=None
+            if args.allowed_service_accounts is None
+            else tuple(args.allowed_service_accounts),
+            fixed_network_policy=args.fixed_network_policy,
+        ),
     )
     lease = _lease_settings(args)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[config.log_format.upper()])
@@ -216,6 +224,33 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~)")
     _add_trainer_image(operator)
     _add_network_policy(operator)
+    operator.add_argument(
+        "--pod-security",
+        choices=("baseline", "restricted"),
+        help="refuse to create a job's pods that do not meet this Pod Security Standard, "
+        "whatever the namespace enforces: the job Fails (PodSecurityViolation), naming each check",
+    )
+    operator.add_argument(
+        "--allowed-service-account",
+        dest="allowed_service_accounts",
+        action="append",
+        metavar="NAME",
+        help="the only ServiceAccount a job's template.serviceAccountName may name "
+        "(repeatable; default: any). The job's own account is always allowed",
+    )
+    operator.add_argument(
+        "--fixed-network-policy",
+        action="store_true",
+        help="a job may not turn its NetworkPolicy off or widen it (spec.networkPolicy): the "
+        "job Fails (ForbiddenByOperator)",
+    )
+    operator.add_argument(
+        "--no-allowed-service-accounts",
+        dest="allowed_service_accounts",
+        action="store_const",
+        const=[],
+        help="no job may name a ServiceAccount of its own",
+    )
     operator.add_argument(
         "--health-port",
         type=int,

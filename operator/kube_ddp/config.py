@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kube_ddp import names
+from kube_ddp.operator_policy import PodPolicy
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -24,6 +25,7 @@ class OperatorConfig:
     workers: int = 8  # jobs reconciled at once
     # Pods created but not yet seen in the watch count as Pending for at most this long.
     expectation_timeout: float = 30.0
+    pod_policy: PodPolicy = field(default_factory=PodPolicy)  # a floor under every job's pods
 
     @property
     def clusterwide(self) -> bool:

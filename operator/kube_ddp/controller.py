@@ -24,7 +24,7 @@ from typing import Any, cast
 import kopf
 from pydantic import ValidationError
 
-from kube_ddp import gang, kueue, metrics, names
+from kube_ddp import gang, kueue, metrics, names, operator_policy
 from kube_ddp.api import DDPTrainingJob, JobStatus, load_job
 from kube_ddp.builders import BuildSettings, build_event, job_labels
 from kube_ddp.config import OperatorConfig
@@ -639,6 +639,8 @@ class Controller:
                 action.pod_names,
                 action.avoid_nodes,
             )
+            if refused := operator_policy.refusal(job, children, self.config.pod_policy):
+                raise ChildrenRefusedError(Refusal("fail", *refused), ())
             kopf.adopt(children, owner=kopf.Body(cast(kopf.RawBody, body)))
             pods = [c for c in children if c["kind"] == "Pod"]
             others = [c for c in children if c["kind"] != "Pod"]

@@ -56,6 +56,8 @@ class Reason(StrEnum):
     # itself (an earlier job's, being removed), else Failed
     NAME_TAKEN = "NameTaken"
     POD_SECURITY_VIOLATION = "PodSecurityViolation"  # Failed: the namespace's Pod Security level
+    # Failed: the operator's own floor (operator_policy: an account, a NetworkPolicy widened)
+    FORBIDDEN_BY_OPERATOR = "ForbiddenByOperator"
     ADMISSION_DENIED = "AdmissionDenied"  # Failed: a webhook or ValidatingAdmissionPolicy said no
     LIMIT_RANGE_VIOLATION = "LimitRangeViolation"  # Failed: outside the namespace's LimitRange
     ADMISSION_REFUSED = "AdmissionRefused"  # Failed: another admission plugin refused a child

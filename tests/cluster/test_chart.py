@@ -14,7 +14,7 @@ import kubernetes
 import kubernetes_validate
 import pytest
 
-from kube_ddp import names
+from kube_ddp import cli, names
 from kube_ddp.permissions import CLUSTER_RULES
 from tests.cluster.helm_support import (
     CHART,
@@ -450,3 +450,51 @@ def test_the_chart_account_suffices_and_is_least_privilege(
             assert not forbidden(lambda: coordination.read_namespaced_lease(fullname, namespace))
     finally:
         helm.run("uninstall", release, "-n", namespace)
+
+
+@pytest.mark.parametrize(
+    ("values", "flags", "accounts"),
+    [
+        ([], [], None),
+        (
+            [
+                "--set",
+                "operator.podSecurity=restricted",
+                "--set",
+                "operator.allowedServiceAccounts={etl,train}",
+                "--set",
+                "operator.fixedNetworkPolicy=true",
+            ],
+            [
+                "--fixed-network-policy",
+                "--pod-security=restricted",
+                "--allowed-service-account=etl",
+                "--allowed-service-account=train",
+            ],
+            ["etl", "train"],
+        ),
+        (
+            ["--set-json", "operator.allowedServiceAccounts=[]"],
+            ["--no-allowed-service-accounts"],
+            [],
+        ),
+    ],
+    ids=["unset", "restricted, two accounts", "no account"],
+)
+def test_the_operators_floor_under_pods_is_a_value(
+    helm: Helm, values: list[str], flags: list[str], accounts: list[str] | None
+) -> None:
+    """operator.podSecurity and operator.allowedServiceAccounts become the flags the operator's
+    own parser reads as that policy (None: any account)."""
+    (deployment,) = by_kind(helm.template(*values), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    floor = [
+        a
+        for a in container["args"]
+        if a.startswith(("--fixed-network", "--pod-sec", "--allowed", "--no-all"))
+    ]
+    assert floor == flags
+    parsed = cli.build_parser().parse_args(container["args"])
+    assert parsed.pod_security == ("restricted" if "restricted" in str(values) else None)
+    assert parsed.allowed_service_accounts == accounts
+    assert parsed.fixed_network_policy is ("--fixed-network-policy" in flags)
