@@ -10,6 +10,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=igno
 WORKDIR /src
 COPY trainer_image/pyproject.toml trainer_image/README.md* trainer_image/
 COPY trainer_image/ddp_trainer trainer_image/ddp_trainer
+COPY trainer_image/horovod trainer_image/horovod
 COPY operator/pyproject.toml operator/
 COPY operator/kube_ddp operator/kube_ddp
 # The operator imports only the trainer's options model (pydantic): the trainer goes in without

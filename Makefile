@@ -64,7 +64,7 @@ uv.lock: pyproject.toml operator/pyproject.toml trainer_image/pyproject.toml | $
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy operator/kube_ddp trainer_image/ddp_trainer
+	$(VENV)/bin/mypy operator/kube_ddp trainer_image/ddp_trainer trainer_image/horovod
 	$(VENV)/bin/mypy --strict hack/devcluster
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 	$(VENV)/bin/hadolint Dockerfile trainer_image/Dockerfile trainer_image/torch-cpu.Dockerfile

@@ -190,6 +190,7 @@ OPERATOR_SOURCES = (
     "operator",
     "trainer_image/pyproject.toml",
     "trainer_image/ddp_trainer",
+    "trainer_image/horovod",
 )
 
 

@@ -197,6 +197,36 @@ def test_the_horovod_style_example_runs_under_mpirun_without_binding(
     assert placements == {(str(per_node), str(node)) for node in range(nodes)}
 
 
+HOROVOD_SCRIPT_EXAMPLE = support.REPO / "manifests" / "examples" / "horovod"
+
+
+def test_a_horovod_script_runs_unchanged_under_mpirun_to_the_end(tmp_path: Path) -> None:
+    """manifests/examples/horovod: a script of Horovod's API (`import horovod.torch as hvd`,
+    DistributedOptimizer, broadcast_parameters, allreduce of its metrics) under the real mpirun
+    line its job renders, 2 hosts x 2 ranks on the CPU (gloo for NCCL): it learns, and every
+    rank ends with the same weights, so the gradients were averaged over all four."""
+    require("LAUNCHERS")
+    document = yaml.safe_load((HOROVOD_SCRIPT_EXAMPLE / "job.yaml").read_text())
+    script = str(HOROVOD_SCRIPT_EXAMPLE / "train.py")
+    assert document["spec"]["command"] == ["python", "/home/trainer/train.py"]
+    document["spec"].update(
+        accelerator={"type": "nvidia", "perNode": 2},
+        backend="gloo",  # the stand-in for NCCL here
+        port=free_port(),
+        command=["python", script],
+        template={},  # the ConfigMap's file is the script itself here
+    )
+    mpijob = build_mpijob(load_job(document), 0, BuildSettings())
+    (launcher,) = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    run = support.run(kubelet_argv(launcher), env=two_hosts_env(tmp_path, 2, launcher)).check()
+    said = run.stdout + run.stderr
+    weights = set(re.findall(r"rank (\d) of 4: weights (\S+)", said))
+    assert {rank for rank, _ in weights} == {"0", "1", "2", "3"}, said[-3000:]
+    assert len({value for _, value in weights}) == 1, weights  # one model on every rank
+    accuracy = [float(a) for a in re.findall(r"accuracy ([\d.]+)%", said)]
+    assert len(accuracy) == 5 and accuracy[-1] > 50 and accuracy[-1] > accuracy[0], said[-3000:]
+
+
 def launcher_in(
     tmp_path: Path,
     hostfile: str,
