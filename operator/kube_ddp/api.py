@@ -1050,13 +1050,14 @@ class DDPTrainingJobSpec(Model):
         if self.command is None:
             return self
         command = list(self.command)
+        args = list(self.args or [])
         problems = own_command.launcher_problems(
-            command,
+            command + args,  # a torchrun line may continue in args
             launcher=self.launcher,
             nnodes=self.nnodes,
             procs_per_node=self.procs_per_node,
             pods=self.elastic.max_nodes if self.elastic is not None else self.nodes,
-        ) or own_command.unexpanded_variables(command, list(self.args or []))
+        ) or own_command.unexpanded_variables(command, args)
         if problems:
             raise ValueError("; ".join(problems))
         return self

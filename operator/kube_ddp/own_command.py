@@ -125,7 +125,9 @@ def _torchrun_problems(
                 found.append(f"--{flag}" + (f"={value}" if value is not None else ""))
     if not found:
         return []
-    if "no-python" in options:
+    if not script:
+        own = ["python", "train.py"]
+    elif "no-python" in options:
         own = script
     elif "module" in options:
         own = ["python", "-m", *script]
@@ -133,7 +135,7 @@ def _torchrun_problems(
         own = ["python", *script]
     return [
         f"command sets {', '.join(found)}, against what kube-ddp gives every pod (torchrun's "
-        f"counts and rendezvous): write command: {_line(own or ['python', 'train.py'])} and "
+        f"counts and rendezvous): write command: {_line(own)} (no args) and "
         f"set {_settings(options, nnodes)}; kube-ddp then starts torchrun for it with the "
         "job's rendezvous"
     ]
@@ -158,7 +160,8 @@ def launcher_problems(
     command: Sequence[str], *, launcher: str, nnodes: str, procs_per_node: int, pods: int
 ) -> list[str]:
     """Why a command that starts a launcher cannot run in this job as written (none: it can).
-    `nnodes` is the node count torchrun gets ("2", or "1:3" elastic), `pods` the most pods."""
+    `command` is the command with its args; `nnodes` the node count torchrun gets ("2", or
+    "1:3" elastic), `pods` the most pods."""
     name = program(command)
     if name == "srun":
         return [

@@ -330,7 +330,9 @@ def test_a_pasted_torchrun_line_fails_the_job_with_the_line_to_write(
     status = jobs.wait_phase("pasted", "Failed")
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InvalidSpec"
-    assert 'write command: ["python", "main.py"] and set spec.nodes: 2' in failed["message"]
+    assert (
+        'write command: ["python", "main.py"] (no args) and set spec.nodes: 2' in failed["message"]
+    )
     assert not jobs.pods("pasted")
 
 

@@ -49,9 +49,9 @@ def test_the_tutorials_torchrun_line_is_refused_with_the_line_to_write(
     assert said == (
         "job.yaml: spec: command sets --nproc-per-node=2 (the job has spec.nprocPerNode: 1), "
         "--rdzv-endpoint=$HOSTNAME:3000, against what kube-ddp gives every pod (torchrun's "
-        'counts and rendezvous): write command: ["python", "main.py", "--epochs", "3"] and '
-        "set spec.nodes: 2, spec.nprocPerNode: 2; kube-ddp then starts torchrun for it with "
-        "the job's rendezvous\n"
+        'counts and rendezvous): write command: ["python", "main.py", "--epochs", "3"] (no '
+        "args) and set spec.nodes: 2, spec.nprocPerNode: 2; kube-ddp then starts torchrun for "
+        "it with the job's rendezvous\n"
     )
 
 
@@ -172,3 +172,11 @@ def test_the_switches_are_torchruns_own() -> None:
 )
 def test_the_script_a_command_runs(command: list[str], script: str | None) -> None:
     assert own_command.script_of(command) == script
+
+
+def test_a_torchrun_line_that_goes_on_in_args_is_read_whole(
+    capsys: pytest.CaptureFixture[str], write_job
+) -> None:
+    spec = {"nodes": 2, "command": ["torchrun"], "args": ["--rdzv_endpoint=h:1", "main.py", "-x"]}
+    said = render_spec(capsys, write_job, spec)
+    assert 'write command: ["python", "main.py", "-x"] (no args)' in said

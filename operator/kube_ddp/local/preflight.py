@@ -55,8 +55,7 @@ def missing_packages(job: DDPTrainingJob) -> None:
 def workdir(job: DDPTrainingJob, job_dir: Path | None, cwd: Path) -> Path | None:
     """Where the workers run: here, unless the script the command names is only beside the
     job file (None: here). A script found in neither is refused, naming both places."""
-    command = list(job.spec.command or [])
-    script = script_of(command)
+    script = script_of([*(job.spec.command or []), *(job.spec.args or [])])
     if script is None or Path(script).is_absolute() or (cwd / script).exists():
         return None
     if job_dir is not None and (job_dir / script).exists():
