@@ -4,6 +4,7 @@ upgrade / uninstall, and the chart's ServiceAccount both sufficient and least pr
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -498,3 +499,26 @@ def test_the_operators_floor_under_pods_is_a_value(
     assert parsed.pod_security == ("restricted" if "restricted" in str(values) else None)
     assert parsed.allowed_service_accounts == accounts
     assert parsed.fixed_network_policy is ("--fixed-network-policy" in flags)
+
+
+def test_the_operators_own_network_policy_admits_the_scraper_and_the_probes(helm: Helm) -> None:
+    """metrics.networkPolicy: the operator's pods take /metrics from the peers listed only, and
+    the health port (the kubelet's probes) from anywhere; off by default."""
+    assert not by_kind(helm.template(), "NetworkPolicy")
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}
+    objects = helm.template(
+        "--set", "metrics.networkPolicy.enabled=true",
+        "--set-json", f"metrics.networkPolicy.from=[{json.dumps(monitoring)}]",
+    )  # fmt: skip
+    (policy,) = by_kind(objects, "NetworkPolicy")
+    kubernetes_validate.validate(policy, KUBERNETES_VERSION, strict=True)
+    (deployment,) = by_kind(objects, "Deployment")
+    pod = deployment["spec"]["template"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    named = {port["name"] for port in container["ports"]}
+    metrics, health = policy["spec"]["ingress"]
+    assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [monitoring]}
+    assert health == {"ports": [{"port": "health", "protocol": "TCP"}]}
+    assert {"metrics", "health"} <= named
+    assert container["livenessProbe"]["httpGet"]["port"] == "health"
