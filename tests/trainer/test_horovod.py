@@ -64,7 +64,8 @@ print(f"rank {r}: every call as Horovod's", flush=True)
 def test_each_call_of_horovods_api_does_what_horovod_does(tmp_path: Path) -> None:
     script = tmp_path / "calls.py"
     script.write_text(CALLS)
-    run = support.run([support.TORCHRUN, "--nproc-per-node=2", str(script)], cwd=tmp_path)
+    command = [support.TORCHRUN, "--standalone", "--nproc-per-node=2", str(script)]  # a free port
+    run = support.run(command, cwd=tmp_path)
     run.check()
     assert run.stdout.count("every call as Horovod's") == 2, run.stdout + run.stderr[-3000:]
 
