@@ -261,7 +261,9 @@ def assert_restarted_for(said: str, what: str) -> None:
     assert "; restarting the group" in event, event
 
 
-def run_example(name: str, *flags: str) -> subprocess.CompletedProcess[str]:
+def run_example(
+    name: str, *flags: str, cache: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """`kube-ddp run --local manifests/examples/<name>/job.yaml` from the repository's root, as
     its comment says; it must succeed. A failed run in which a rank aborted at exit
     (EXIT_ABORT) is said as a warning and run once more, which must succeed."""
@@ -269,7 +271,8 @@ def run_example(name: str, *flags: str) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
             [KUBE_DDP, "run", "--local", *flags, f"manifests/examples/{name}/job.yaml"],
             cwd=support.REPO,
-            env=support.clean_env(),
+            # a run keeps its checkpoints under the cache (to resume): a test's own starts anew
+            env=support.clean_env(**({"XDG_CACHE_HOME": str(cache)} if cache else {})),
             capture_output=True,
             text=True,
             timeout=support.RUN_TIMEOUT_S,
@@ -296,9 +299,10 @@ def test_the_own_script_example_runs_under_torchrun_started_by_kube_ddp() -> Non
     assert summary_value(done.stderr, "epochs") == "2/2"  # its one `report` line
 
 
-def test_the_slurm_examples_job_runs_as_its_sbatch_script_would() -> None:
-    """manifests/examples/slurm/job.yaml, the sbatch example's job: one pod of two tasks."""
-    done = run_example("slurm")
+def test_the_slurm_examples_job_runs_as_its_sbatch_script_would(tmp_path: Path) -> None:
+    """manifests/examples/slurm/job.yaml, the sbatch example's job: one pod of two tasks, all
+    its epochs (its checkpoints in a cache of the test's own: none from an earlier run)."""
+    done = run_example("slurm", cache=tmp_path)
     assert "1 workers x 2 processes" in done.stderr
     assert summary_value(done.stderr, "phase") == "Succeeded"
     assert summary_value(done.stderr, "epochs") == "10/10"
