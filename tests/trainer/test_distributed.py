@@ -21,7 +21,7 @@ from ddp_trainer.errors import TrainerError
 def test_a_plain_process_is_a_world_of_one_without_a_group() -> None:
     world = discover_world({})
     assert world == World(launcher="none")
-    assert not world.distributed
+    assert not world.distributed and not world.has_peers
 
 
 def test_torchrun() -> None:
@@ -37,7 +37,10 @@ def test_torchrun() -> None:
     world = discover_world(env)
     assert world == World("torchrun", 5, 8, 1, 4, "job-worker-0.job.ns.svc", 29400)
     assert world.node_rank == 1
-    assert world.distributed
+    assert world.distributed and world.has_peers
+    one = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    alone = discover_world({**env, **one})
+    assert alone.distributed and not alone.has_peers  # launched, but no group to build
 
 
 def test_operators_single_process_pods_set_the_torch_names_directly() -> None:

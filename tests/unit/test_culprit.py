@@ -38,6 +38,14 @@ def test_a_rank_without_an_entry_is_named_and_equal_ranks_blame_none() -> None:
     assert same.startswith("no rank fell behind")
 
 
+def test_a_job_of_one_rank_is_named_alone_with_no_peer_or_network_blamed() -> None:
+    said = describe([entry(0, None, 1, step=26)], 1, NOW, interval=5)
+    assert said.startswith("rank 0 (pod job-worker-0, node node-0) stopped, at step 26: ")
+    assert "the job's only rank, in its own code" in said
+    assert "network" not in said and "silent" not in said
+    assert "silent for 30 s" in describe([entry(0, None, 30, step=26)], 1, NOW, interval=5)
+
+
 def test_without_a_count_of_collectives_the_steps_tell() -> None:
     """A backend that keeps no sequence numbers (torch's base Backend, maybe Gaudi's HCCL):
     the rank whose training steps fell behind is named, in steps."""

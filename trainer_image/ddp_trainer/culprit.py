@@ -45,6 +45,11 @@ KEY_PREFIX = "kubeddp/progress/"
 # stacks (once per stall): where a rank hung in its own code is, before its peers time out and
 # the group's pods are deleted. Healthy ranks waiting on it log theirs too: in a collective.
 STALL_SHARE = 0.8
+# What a stalled job of one rank is told: nothing else in the job can be the cause.
+ALONE = (
+    "the job's only rank, in its own code (a data read, a deadlock, its device): its stack is "
+    "in its log"
+)
 READ_TIMEOUT_S = 5.0  # a store that does not answer: its host (rank 0, or torchrun) is gone
 
 
@@ -100,11 +105,14 @@ class Suspect:
 
     entry: Entry
     facts: str  # "1 collective(s) behind the others; silent for 75 s (...)"
+    alone: bool = False  # the job's only rank: no peers to have stopped before
 
     def line(self) -> str:
         first = self.entry
         where = f"rank {first.rank} (pod {first.pod}, node {first.node})"
-        return f"{where} stopped first, at step {first.step}: {self.facts}"
+        return (
+            f"{where} stopped{'' if self.alone else ' first'}, at step {first.step}: {self.facts}"
+        )
 
 
 def suspect(
@@ -114,6 +122,12 @@ def suspect(
     lately at the same progress (or none could be read)."""
     if not entries:
         return None
+    if world_size == 1:  # no peer waits with it, and no network between them
+        alone = entries[0]
+        facts = [ALONE]
+        if now - alone.at > 2 * interval:
+            facts.append(f"silent for {now - alone.at:.0f} s (its ledger's thread stopped too)")
+        return Suspect(alone, "; ".join(facts), alone=True)
     heard = {entry.rank for entry in entries}
     silent = [rank for rank in range(world_size) if rank not in heard]
     first = behind_first(entries)
@@ -385,14 +399,18 @@ def identity(env: Mapping[str, str]) -> tuple[str, str]:
 def start_ledger(
     rank: int, env: Mapping[str, str] = os.environ, stall_after: float | None = None
 ) -> Ledger:
-    """This rank's ledger on the default group's store (call after init_process_group)."""
+    """This rank's ledger on the default group's store (call after init_process_group); a
+    rank without a group (a world of one) keeps its ledger in a store of its own."""
     import torch.distributed as dist
 
-    group = dist.distributed_c10d._get_default_group()
-    store = dist.distributed_c10d._get_default_store()
     pod, node = identity(env)
     interval = Heartbeat.every_from_env(env)  # the heartbeat's interval
-    sequence = collectives_counter(group)
+    if dist.is_initialized():
+        store = dist.distributed_c10d._get_default_store()
+        sequence = collectives_counter(dist.distributed_c10d._get_default_group())
+    else:
+        store = dist.HashStore()  # type: ignore[attr-defined]
+        sequence = _unknown  # no collectives to count
     return Ledger(store, sequence, rank, interval, pod, node, stall_after).start()
 
 

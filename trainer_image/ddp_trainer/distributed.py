@@ -43,8 +43,15 @@ class World:
 
     @property
     def distributed(self) -> bool:
-        """Launched as part of a group (even of one): set up a process group and DDP."""
+        """Started by a launcher (torchrun, mpirun, srun, the operator's pods), even alone."""
         return self.launcher != "none"
+
+    @property
+    def has_peers(self) -> bool:
+        """Other ranks to talk to: only then a process group and DDP. A world of one steps
+        the bare model (a group and DDP's reducer cost it half a step again, and change
+        nothing: its gradients are its own)."""
+        return self.world_size > 1
 
     @property
     def is_main(self) -> bool:

@@ -136,7 +136,8 @@ class Recipe:
 
     - construct: where this process sits (torchrun, Open MPI, PMI, Slurm, a host file or none),
       its logging, its device (one per local rank) and CPU threads; nothing heavy.
-    - setup: the process group (a restart-safe store under torchrun), seeds, cudnn.benchmark and
+    - setup: the process group where there are peers (a restart-safe store under torchrun; a
+      world of one has none, nor DDP, and steps the bare model), seeds, cudnn.benchmark and
       TF32 on CUDA, the data (optional download by each node's local rank 0, device-resident
       sharded batches, normalisation), the model (channels_last for convolutions),
       precision (auto: bf16 or fp16 with loss scaling on accelerators, fp32 on CPU), the
@@ -155,7 +156,7 @@ class Recipe:
     options: TrainerOptions
     world: distributed.World
     device: torch.device
-    backend: str  # "none" when not distributed
+    backend: str  # "none" for a world of one: no process group
     progress: Progress
     resumed_from: int | None  # the epoch a checkpoint restored
     resumed_from_step: int  # the global step a checkpoint restored; 0 for a fresh start
@@ -173,7 +174,7 @@ class Recipe:
     flip_images: bool
     augment_images: bool
     model: nn.Module  # the bare model: what checkpoints hold
-    step_model: nn.Module  # what the steps call: inside DDP when distributed, maybe compiled
+    step_model: nn.Module  # what the steps call: inside DDP with peers, maybe compiled
     channels_last: bool
     precision: str  # fp32, bf16 or fp16
     optimizer: torch.optim.Optimizer
@@ -202,7 +203,7 @@ class Recipe:
         self.compute_clock = distributed.ComputeClock(self.device)
         distributed.set_cpu_threads(world, os.environ)
         self.backend = (
-            distributed.backend_for(self.device, os.environ) if world.distributed else "none"
+            distributed.backend_for(self.device, os.environ) if world.has_peers else "none"
         )
         self.progress = Progress()
         self.resumed_from = None
@@ -232,11 +233,13 @@ class Recipe:
 
     def setup(self) -> None:
         options, device = self.options, self.device
-        if self.world.distributed:
+        if self.world.has_peers:
             distributed.init_process_group(
                 self.world, device, self.backend, options.timeout_seconds, os.environ
             )
-            # A rank without a step for most of the collective timeout logs its stacks.
+        if self.world.distributed:
+            # A rank without a step for most of the collective timeout logs its stacks; alone,
+            # it has a ledger of its own, so a hung job of one is said as well.
             stall_after = options.timeout_seconds * culprit.STALL_SHARE
             self.ledger = culprit.start_ledger(self.world.rank, os.environ, stall_after)
         torch.manual_seed(options.seed)
@@ -333,10 +336,10 @@ class Recipe:
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
 
     def _wrap(self) -> None:
-        """What the steps call: the model inside DDP when distributed, compiled on request."""
+        """What the steps call: the model inside DDP when it has peers, compiled on request."""
         options, device = self.options, self.device
         self.step_model = self.model
-        if self.world.distributed:
+        if self.world.has_peers:
             self.step_model = wrap_ddp(self.model, options, device)
         if options.compile:
             backend = "hpu_backend" if device.type == "hpu" else "inductor"
@@ -348,7 +351,7 @@ class Recipe:
         if self.options.download:
             if self.world.local_rank == 0:
                 download_dataset(self.options, log.info)
-            if self.world.distributed:
+            if self.world.has_peers:
                 # A group of its own: a download may outlast the collectives' short timeout.
                 with distributed.cpu_group(DOWNLOAD_TIMEOUT) as waiting:
                     dist.barrier(group=waiting)
@@ -372,7 +375,7 @@ class Recipe:
         if self.world.is_main:
             store = stores.open_store(self.options.checkpoint_dir)
             found = checkpoint.load_latest_checkpoint(store)
-        if self.world.distributed:
+        if self.world.has_peers:
             # Sent, not re-read: other nodes need not share the checkpoint volume. From host
             # memory: on the default group the pickled checkpoint would go to each device and
             # back, as uint8, a type HCCL's collectives do not take.
@@ -601,7 +604,7 @@ class Recipe:
             epoch, rank, world_size, os.environ, self.wait_for_save, step=self.global_step
         )
         if stop:
-            if self.world.distributed:
+            if self.world.has_peers:
                 dist.barrier()  # no rank leaves before rank 0 has saved
             raise PreemptedError(self.global_step, saved=bool(options.checkpoint_dir))
 
@@ -845,7 +848,7 @@ class Recipe:
 
     def sync_buffers(self) -> None:
         """BatchNorm statistics from rank 0 once an epoch (DDP is told not to, every step)."""
-        if not self.world.distributed or self.world.world_size == 1:
+        if not self.world.has_peers:
             return
         for buffer in self.model.buffers():
             if buffer.is_floating_point():  # HCCL has no int64; the step counters do not matter
@@ -854,7 +857,7 @@ class Recipe:
     def all_reduce_sum(self, values: torch.Tensor) -> list[float]:
         """SUM, in float32: the one reduction gloo, nccl and hccl all have for this dtype."""
         values = values.float()
-        if self.world.distributed:
+        if self.world.has_peers:
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
         return [float(value) for value in values.tolist()]
 
