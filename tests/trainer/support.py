@@ -147,15 +147,15 @@ def torchrun_command(*args: str, nproc: int = 2, max_restarts: int = 0) -> list[
     ]
 
 
-def wrapped_torchrun_command(*args: str) -> list[str]:
-    """kube-ddp's torchrun (`python -m ddp_trainer.torchrun`, which exits as its ranks did),
-    2 processes of `args` (a script and its arguments, or `-m module ...`)."""
+def wrapped_torchrun_command(*args: str, nproc: int = 2) -> list[str]:
+    """kube-ddp's torchrun (`python -m ddp_trainer.torchrun`, which exits as its ranks did, the
+    pods' command), `nproc` processes of `args` (a script and its arguments, or `-m module`)."""
     return [
         sys.executable,
         "-m",
         "ddp_trainer.torchrun",
         "--standalone",
-        "--nproc-per-node=2",
+        f"--nproc-per-node={nproc}",
         "--max-restarts=0",
         "--monitor-interval=0.2",
         *args,

@@ -1,6 +1,7 @@
 """The trainer's CUDA path on a real GPU: what auto picks, both mixed precisions, both input
 pipelines, a checkpoint written and resumed on the device, torch.compile, two ranks refused on
-one GPU, and `kube-ddp run --local` of an nvidia job. Skipped where no GPU is visible;
+one GPU, the straggler clock of a GPU-bound rank, and `kube-ddp run --local` of an nvidia job,
+each under the pods' command where it runs the trainer. Skipped where no GPU is visible;
 `benchmarks/gpu_run.sh` runs them on a GPU machine with the carried dependencies."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 import yaml
 
 from ddp_trainer.contract import EXIT_CONFIG
+from ddp_trainer.distributed import ComputeClock
 from tests.trainer import support
 
 pytestmark = pytest.mark.skipif(
@@ -23,7 +25,8 @@ DIGITS = ("--dataset=digits", "--model=mlp", "--batch-size=32", "--timeout-secon
 
 
 def on_one_gpu(*args: str) -> list[str]:
-    return support.torchrun_command(*DIGITS, *args, nproc=1)
+    """The trainer as a pod of one GPU runs it: the pods' command, a world of one."""
+    return support.wrapped_torchrun_command("-m", "ddp_trainer", *DIGITS, *args, nproc=1)
 
 
 def latest_checkpoint(directory: Path) -> dict[str, object]:
@@ -31,13 +34,13 @@ def latest_checkpoint(directory: Path) -> dict[str, object]:
     return dict(torch.load(newest, map_location="cpu", weights_only=True))
 
 
-def test_auto_trains_on_the_gpu_over_nccl_in_bf16(tmp_path: Path) -> None:
+def test_auto_trains_on_the_gpu_in_bf16_with_no_group(tmp_path: Path) -> None:
     summary_file, checkpoints = tmp_path / "summary.json", tmp_path / "checkpoints"
     command = on_one_gpu(
         "--epochs=3", f"--summary-file={summary_file}", f"--checkpoint-dir={checkpoints}"
     )
     run = support.run(command).check()
-    assert "backend=nccl device=cuda:0" in run.stderr, run.stderr[-3000:]
+    assert "backend=none device=cuda:0" in run.stderr, run.stderr[-3000:]  # alone: no NCCL
     summary = support.summary(summary_file)
     assert summary["val_accuracy"] >= 0.8, run.stderr[-3000:]
     assert summary["peak_device_memory_mib"] > 0
@@ -77,7 +80,9 @@ def test_a_checkpoint_written_on_the_gpu_resumes_there(tmp_path: Path) -> None:
 
 def test_compile_trains_a_resnet_on_the_gpu(tmp_path: Path) -> None:
     summary_file = tmp_path / "summary.json"
-    command = support.torchrun_command(
+    command = support.wrapped_torchrun_command(
+        "-m",
+        "ddp_trainer",
         "--dataset=synthetic",
         "--synthetic-shape=3x32x32",
         "--synthetic-samples=4096",
@@ -89,6 +94,23 @@ def test_compile_trains_a_resnet_on_the_gpu(tmp_path: Path) -> None:
     )
     run = support.run(command).check()
     assert support.summary(summary_file)["images_per_sec"] > 0, run.stderr[-3000:]
+
+
+def test_a_gpu_bound_rank_is_timed_without_the_host_waiting() -> None:
+    """Matmuls queued far faster than the GPU runs them: the clock's events are read as the
+    GPU finishes them (tests/trainer/test_compute_clock.py proves the bookkeeping on a CPU)."""
+    clock = ComputeClock(torch.device("cuda", 0))
+    a = torch.randn(4096, 4096, device="cuda")
+    laps = []
+    for _ in range(40):
+        clock.start()
+        a = (a @ a).tanh_()
+        laps.append(clock.lap())
+    torch.cuda.synchronize()
+    clock.start()
+    laps.append(clock.lap())
+    timed = [lap for lap in laps if lap is not None]
+    assert timed and min(timed) > 0, laps
 
 
 def test_two_ranks_on_one_gpu_is_a_config_error() -> None:

@@ -8,6 +8,7 @@ MASTER_ADDR, which then comes from the host file. `discover_world` reads any of 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib.util
 import logging
@@ -405,30 +406,41 @@ def synchronize(device: torch.device) -> None:
 class ComputeClock:
     """The time of the part of a step a rank does alone (its forward pass), for the straggler
     check (`culprit.Ledger.timed`). On a CPU the host's time. On CUDA the GPU's own, from a pair
-    of events read a step late, once done (`query`), so nothing waits for the device; None
-    until then. Elsewhere (Gaudi's lazy mode builds its graph on the host) the host's time: a
-    slow host shows there, a slow card does not."""
+    of events a step, read once done (`query`), so nothing waits for the device: a GPU-bound
+    rank's device runs steps behind its host, so up to IN_FLIGHT pairs wait their turn, and
+    while that many do, a step goes untimed (the oldest are kept: they finish first). Elsewhere
+    (Gaudi's lazy mode builds its graph on the host) the host's time: a slow host shows there,
+    a slow card does not."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.on_cuda = device.type == "cuda"
+    IN_FLIGHT = 32  # far past the steps a device lags (its launch queue blocks the host first)
+
+    def __init__(self, device: torch.device, event: Callable[[], Any] | None = None) -> None:
+        """`event`: a timing event's maker (CUDA's by default; a test's own)."""
+        self.on_device = device.type == "cuda" or event is not None
+        self.event = event or (lambda: torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]
         self.began = 0.0
         self.begin: Any = None
-        self.pending: tuple[Any, Any] | None = None
+        self.pending: collections.deque[tuple[Any, Any]] = collections.deque()
 
     def start(self) -> None:
-        if self.on_cuda:
-            self.begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            self.begin.record()
-        else:
+        if not self.on_device:
             self.began = time.perf_counter()
+        elif len(self.pending) < self.IN_FLIGHT:
+            self.begin = self.event()
+            self.begin.record()
 
     def lap(self) -> float | None:
-        """Seconds since `start` (on CUDA: of the last step the GPU has finished)."""
-        if not self.on_cuda:
+        """Seconds since `start` (on a device: of the newest step it has finished, once)."""
+        if not self.on_device:
             return time.perf_counter() - self.began
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end.record()
-        done, self.pending = self.pending, (self.begin, end)
-        if done is None or not done[1].query():
+        if self.begin is not None:
+            end = self.event()
+            end.record()
+            self.pending.append((self.begin, end))
+            self.begin = None
+        newest = None
+        while self.pending and self.pending[0][1].query():
+            newest = self.pending.popleft()
+        if newest is None:
             return None
-        return float(done[0].elapsed_time(done[1])) / 1000
+        return float(newest[0].elapsed_time(newest[1])) / 1000
