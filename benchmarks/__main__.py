@@ -1,5 +1,5 @@
 """python -m benchmarks
-[trainer|checkpoint|work-lost|operator|crd|shards|recovery|loader-memory|gpu|all]
+[trainer|step-profile|checkpoint|work-lost|operator|crd|shards|recovery|loader-memory|gpu|all]
 [--peers] [--repeats N] [--quick] [--no-write]"""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from benchmarks.markdown import DOCUMENT, Section, raw_path, write_section
 # name -> module of this package, in the order `all` runs them; each section is named after it.
 BENCHMARKS = {
     "trainer": "trainer",
+    "step-profile": "step_profile",
     "checkpoint": "checkpoint_cost",
     "work-lost": "work_lost",
     "operator": "operator_bench",
