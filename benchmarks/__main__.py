@@ -1,6 +1,6 @@
 """python -m benchmarks
 [trainer|step-profile|checkpoint|work-lost|operator|crd|shards|recovery|loader-memory|gpu|all]
-[--peers] [--repeats N] [--quick] [--no-write]"""
+[--peers] [--repeats N] [--quick] [--no-write] [--device cuda|cpu]"""
 
 from __future__ import annotations
 
@@ -35,13 +35,20 @@ def main(argv: list[str] | None = None) -> int:
         help="operator: Kubeflow's MPI Operator, Training Operator and Trainer v2 beside kube-ddp",
     )
     parser.add_argument("--quick", action="store_true", help="smaller runs, to try the code")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="gpu: cpu for a dry run of the same script (nothing written but $GPU_BENCH_RAW)",
+    )
     parser.add_argument("--no-write", action="store_true", help=f"do not update {DOCUMENT.name}")
     args = parser.parse_args(argv)
     for name in BENCHMARKS if args.which == "all" else (args.which,):
         module = importlib.import_module(f"benchmarks.{BENCHMARKS[name]}")
         section: Section = module.run(args)
         print(section.text)
-        if section.text and not args.no_write and not args.quick:  # "": nothing measured here
+        # "": nothing measured here; a quick or CPU dry run writes nothing
+        if section.text and not args.no_write and not args.quick and args.device != "cpu":
             write_section(DOCUMENT, name, section)
             print(f"benchmarks: wrote the {name} section of {DOCUMENT} and {raw_path(name)}",
                   file=sys.stderr)  # fmt: skip

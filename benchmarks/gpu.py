@@ -20,12 +20,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from benchmarks.markdown import Section, raw_note, raw_path
-from benchmarks.trainer import SHARED, Variant
+from benchmarks.trainer import SHARED, Variant, cpu_count, cpu_description
 
 RAW = raw_path("gpu")
+# Where the run writes its raw results as it goes (benchmarks/gpu_run.sh: its $OUT).
+RAW_ENV = "GPU_BENCH_RAW"
+# `--device cpu`: the same script end to end on a CPU, small enough to finish in a minute or two.
+DRY_RUN = ("--device=cpu", "--synthetic-samples=384", "--epochs=2")
 COMMAND = "python -m benchmarks gpu"
 RUN_TIMEOUT_S = 240
 SAMPLES = 12_800
@@ -62,12 +67,15 @@ def one_run(variant: Variant, workload: tuple[str, ...]) -> dict[str, Any]:
     return result
 
 
-def measure(workload: tuple[str, ...], repeats: int) -> Iterator[dict[str, Any]]:
+def measure(
+    workload: tuple[str, ...], repeats: int, compiled: bool = True
+) -> Iterator[dict[str, Any]]:
     """Each run's result as it ends: the variants interleaved, then one compiled run."""
     for _ in range(repeats):
         for variant in (OURS, REFERENCE, BARE):
-            yield one_run(variant, (*workload, EPOCHS))
-    yield one_run(COMPILED, (*workload, EPOCHS))
+            yield one_run(variant, workload)
+    if compiled:
+        yield one_run(COMPILED, workload)
 
 
 def median(runs: list[dict[str, Any]], label: str, key: str = "images_per_sec") -> float:
@@ -90,7 +98,8 @@ def render(raw: dict[str, Any]) -> str:
         "## GPU",
         "",
         f"Command: `{COMMAND}` (on a machine with CUDA; `benchmarks/gpu_run.sh` runs it with "
-        f"the CUDA tests where the trainer's dependencies must be carried). {raw_note('gpu')}",
+        f"the CUDA tests where the trainer's dependencies must be carried; `DEVICE=cpu` runs "
+        f"the same script as a dry run on a CPU). {raw_note('gpu')}",
         "",
         f"Machine: {raw['device']}, driver {raw['driver']}, CUDA {raw['cuda']}, torch "
         f"{raw['torch']}, Python {raw['python']}, {raw['cpus']} CPUs. The run took "
@@ -125,21 +134,18 @@ def render(raw: dict[str, Any]) -> str:
         "",
         "Goals: at least 3x the reference loop's images/s; within 5% of the bare loop (ahead of "
         "it where bf16 and channels_last pay).",
-        "",
-        "torch.compile (one run each, `--compile` against the median uncompiled run):",
-        "",
-        "| model | images/s compiled | gain | first epoch compiled | first epoch uncompiled |",
-        "| --- | --- | --- | --- | --- |",
     ]
-    for name, runs in workloads.items():
-        compiled, ours = median(runs, COMPILED.label), median(runs, OURS.label)
-        lines.append(
-            f"| {name} | {compiled:,.0f} | {(compiled - ours) / ours * 100:+.1f}% "
-            f"| {median(runs, COMPILED.label, 'first_epoch_seconds'):.1f} s "
-            f"| {median(runs, OURS.label, 'first_epoch_seconds'):.1f} s |"
-        )
+    compiled_runs = any(run["variant"] == COMPILED.label for r in workloads.values() for run in r)
+    if compiled_runs:
+        lines += compile_table(workloads)
+    if raw.get("dry_run"):
+        lines += [
+            "",
+            f"A dry run (`--device cpu`, {' '.join(DRY_RUN[1:])}): these figures say only that "
+            "the script runs end to end, not how fast a GPU trains.",
+        ]
     resnet = workloads.get("ResNet-18, 3x32x32")
-    if resnet:
+    if resnet and not raw.get("dry_run"):
         rate = median(resnet, OURS.label)
         ours_seconds = SEED_IMAGES * SEED_EPOCHS / rate
         lines += [
@@ -156,9 +162,36 @@ def render(raw: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> dict[str, Any]:
+def compile_table(workloads: dict[str, list[dict[str, Any]]]) -> list[str]:
+    lines = [
+        "",
+        "torch.compile (one run each, `--compile` against the median uncompiled run):",
+        "",
+        "| model | images/s compiled | gain | first epoch compiled | first epoch uncompiled |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, runs in workloads.items():
+        compiled, ours = median(runs, COMPILED.label), median(runs, OURS.label)
+        lines.append(
+            f"| {name} | {compiled:,.0f} | {(compiled - ours) / ours * 100:+.1f}% "
+            f"| {median(runs, COMPILED.label, 'first_epoch_seconds'):.1f} s "
+            f"| {median(runs, OURS.label, 'first_epoch_seconds'):.1f} s |"
+        )
+    return lines
+
+
+def machine(device: str) -> dict[str, Any]:
     import torch
 
+    if device == "cpu":
+        return {
+            "device": f"CPU dry run ({cpu_description()[0]})",
+            "driver": "none",
+            "cuda": None,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "cpus": cpu_count(),
+        }
     driver = subprocess.run(
         ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
         capture_output=True,
@@ -178,19 +211,29 @@ def machine() -> dict[str, Any]:
 def run(args: argparse.Namespace) -> Section:
     import torch
 
-    if not torch.cuda.is_available():
+    dry_run = args.device == "cpu"
+    if not dry_run and not torch.cuda.is_available():
         print("gpu benchmark: no GPU here, its section is kept as it is", file=sys.stderr)
         return Section("")
-    repeats = 1 if args.quick else args.repeats
+    repeats = 1 if args.quick or dry_run else args.repeats
+    where = Path(os.environ.get(RAW_ENV) or RAW)
+    if dry_run and where == RAW:
+        raise SystemExit(f"gpu benchmark: a dry run writes no docs: set {RAW_ENV}=<file>")
     started = time.time()
-    raw: dict[str, Any] = {**machine(), "repeats": repeats, "shared_args": list(SHARED)}
+    raw: dict[str, Any] = {
+        **machine(args.device),
+        "repeats": repeats,
+        "shared_args": list(SHARED),
+        "dry_run": dry_run,
+    }
     raw["workloads"] = {}
     for name, workload in (("ResNet-18, 3x32x32", RESNET), ("WRN-16-4, 1x28x28", WRN)):
         print(f"gpu benchmark: {name}", file=sys.stderr)
         raw["workloads"][name] = runs = []
-        for result in measure(workload, repeats):
+        sized = (*workload, *DRY_RUN) if dry_run else (*workload, EPOCHS)
+        for result in measure(sized, repeats, compiled=not dry_run):
             runs.append(result)
             raw["minutes"] = (time.time() - started) / 60
             if not args.quick:  # after every run: a run cut short keeps what it measured
-                RAW.write_text(json.dumps(raw, indent=1) + "\n")
-    return Section(render(raw), raw)
+                where.write_text(json.dumps(raw, indent=1) + "\n")
+    return Section(render(raw), raw if not dry_run else {})

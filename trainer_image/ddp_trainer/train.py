@@ -552,7 +552,7 @@ class Recipe:
                 self.scaler.step(self.optimizer)  # skipped when fp16 gradients overflowed
                 self.scaler.update()
             self.mark_step()
-            loss_sum += loss.detach().float() * len(labels)  # stays on the device: no sync
+            loss_sum.add_(loss.detach(), alpha=len(labels))  # on the device: no sync, one op
             seen += len(labels)
             self.global_step += 1  # not the position: it goes on across world sizes
             if self.batch_log is not None:
