@@ -300,7 +300,9 @@ def trainer_cpu_image(torch_version: str) -> str:
     (kept in the store once built: about 6 GB and minutes), then trainer_image/Dockerfile on it.
     The image's name in the buildah store."""
     _python_base(PIP_BASE, "python3-pip")
-    base = f"localhost/torch-cpu:{torch_version}"
+    # Tagged by what builds it too: a changed Dockerfile (torchvision's pin) builds anew.
+    recipe = (REPO / "trainer_image" / "torch-cpu.Dockerfile").read_bytes()
+    base = f"localhost/torch-cpu:{torch_version}-{hashlib.sha256(recipe).hexdigest()[:12]}"
     if not _image_exists(base):
         _bud(
             "the torch CPU base",

@@ -417,3 +417,14 @@ def _pod_processes(pod: str) -> list[int]:
                 unseen.extend(int(child) for child in task.read_text().split())
     assert found, f"no process of {pod}"
     return found
+
+
+def test_the_torchrun_tutorials_example_runs_its_torchvision_script_as_written() -> None:
+    """manifests/examples/torchrun-tutorial: the tutorial's ResNet-18 script (torchvision's
+    models, transforms and datasets) under the torchrun kube-ddp starts, 2 pods x 2 ranks, on
+    the CPU (its 2 GPUs a pod kept as 2 processes)."""
+    done = run_example("torchrun-tutorial", "--cpu")
+    assert "2 workers x 2 processes" in done.stderr
+    said = set(re.findall(r"rank (\d) epoch 1 loss", done.stdout))
+    assert said == {"0", "1", "2", "3"}, done.stdout[-2000:]
+    assert summary_value(done.stderr, "phase") == "Succeeded"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,15 @@ def test_the_workflow_publishes_what_the_chart_and_operator_name() -> None:
     variants = {v["variant"] for v in jobs["trainer-images"]["strategy"]["matrix"]["include"]}
     assert variants == {"cuda", "cpu", "mpi"}
     assert WORKFLOW["env"]["HELM_VERSION"] == DEV_CLUSTER_BUILD.HELM_VERSION
+
+
+def test_the_cpu_base_installs_the_torchvision_of_the_trainers_torch_extra() -> None:
+    """torchvision's pin has its home in the trainer's [torch] extra; the CPU base's default
+    (the release builds it with TORCH_VERSION only) is a copy kept in step here."""
+    extra = tomllib.loads((REPO / "trainer_image" / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]["torch"]
+    [pin] = [r.split("==", 1)[1] for r in extra if r.startswith("torchvision==")]
+    dockerfile = (REPO / "trainer_image" / "torch-cpu.Dockerfile").read_text()
+    assert re.search(r"^ARG TORCHVISION_VERSION=(\S+)$", dockerfile, re.M)[1] == pin  # type: ignore[index]
+    assert '"torchvision==${TORCHVISION_VERSION}"' in dockerfile
