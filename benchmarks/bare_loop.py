@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer.datasets import load_dataset
 from ddp_trainer.models import build_model
-from ddp_trainer.options import parse_argv
+from ddp_trainer.options import TrainerOptions, parse_argv
 
 
 def main() -> None:
@@ -40,15 +40,9 @@ def main() -> None:
         raise SystemExit("bare-loop: a world of one only (it does not shard the data)")
     torch.manual_seed(options.seed)
 
-    splits = load_dataset(options)
-    x = torch.as_tensor(splits.train_x, dtype=torch.float32, device=device)
-    x = (x - x.mean()) / x.std()
-    y = torch.as_tensor(splits.train_y, dtype=torch.int64, device=device)
-    model: nn.Module = build_model(options, splits.sample_shape, splits.num_classes).to(device)
+    model, optimizer, x, y = setup(options, device)
     if grouped:
         model = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=options.lr, momentum=options.momentum)
-    model.train()
 
     timings = []
     steps = 0
@@ -64,6 +58,21 @@ def main() -> None:
     print(json.dumps({"images_per_sec": rate, "steps": steps}))
     if grouped:
         dist.destroy_process_group()
+
+
+def setup(
+    options: TrainerOptions, device: torch.device
+) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+    """The model in training mode, its SGD, and the training split normalised once on
+    `device` (also benchmarks/step_profile.py's)."""
+    splits = load_dataset(options)
+    x = torch.as_tensor(splits.train_x, dtype=torch.float32, device=device)
+    x = (x - x.mean()) / x.std()
+    y = torch.as_tensor(splits.train_y, dtype=torch.int64, device=device)
+    model = build_model(options, splits.sample_shape, splits.num_classes).to(device)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=options.lr, momentum=options.momentum)
+    return model, optimizer, x, y
 
 
 def train_steps(

@@ -72,19 +72,11 @@ def bare_pass() -> Callable[[], int]:
     """The bare loop on the same data and model, warmed up the same way."""
     import torch
 
-    from benchmarks.bare_loop import train_steps
-    from ddp_trainer.datasets import load_dataset
-    from ddp_trainer.models import build_model
+    from benchmarks.bare_loop import setup, train_steps
     from ddp_trainer.options import parse_argv
 
     options = parse_argv([*SHARED, *WORKLOAD], prog="step-profile")
-    splits = load_dataset(options)
-    x = torch.as_tensor(splits.train_x, dtype=torch.float32)
-    x = (x - x.mean()) / x.std()
-    y = torch.as_tensor(splits.train_y, dtype=torch.int64)
-    model = build_model(options, splits.sample_shape, splits.num_classes)
-    model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=options.lr, momentum=options.momentum)
+    model, optimizer, x, y = setup(options, torch.device("cpu"))
 
     def epoch() -> int:
         return train_steps(model, optimizer, x, y, torch.randperm(len(y)), options.batch_size)
