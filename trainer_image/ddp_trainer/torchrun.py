@@ -11,6 +11,9 @@ SIGTERM to this process (the kubelet stopping the pod) is passed on to the ranks
 which then waits for them: the trainer's ranks save a checkpoint and exit 86
 (contract.EXIT_PREEMPTED), and so does this process when every rank did, not 143. The
 wait is as long as the ranks take (contract.SHUTDOWN_TIMEOUT_ENV).
+A rank that runs a script (`torchrun train.py`, not `-m` nor `--no-python`) runs it under
+`ddp_trainer.script`: as python runs it, ended without the interpreter's teardown, in which a
+rank that trained to its end can abort (exit 134) while gloo's threads still run.
 Standard library and torch only: it runs in any image that has both and this package.
 """
 
@@ -20,13 +23,15 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddp_trainer import agent, contract
 from ddp_trainer.contract import EXIT_FAILED, EXIT_PEER_LOST, EXIT_PREEMPTED, SIGNALLED
 from ddp_trainer.rank_exits import PROG, cause, exit_code, how_it_ended
 from ddp_trainer.torch_floor import too_old
+
+SCRIPT_RUNNER = "ddp_trainer.script"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,6 +58,7 @@ def _run(args: Any) -> int:
     from ddp_trainer import elastic  # torch's elastic agent: once torch may be imported
 
     args.rdzv_conf = agent.with_fast_rendezvous(args.rdzv_conf or "")
+    run_script_ended_cleanly(args, os.environ)
     hooks = elastic.Hooks(agent.Rules.from_env(os.environ), os.environ)
     with_hooks: contextlib.AbstractContextManager[None]
     if lacks := elastic.missing():
@@ -104,6 +110,17 @@ def _run(args: Any) -> int:
         )
         return EXIT_PEER_LOST
     return 0
+
+
+def run_script_ended_cleanly(args: Any, env: Mapping[str, str]) -> None:
+    """Have each rank run a script (not a module, not a program) under `ddp_trainer.script`,
+    which ends it without the interpreter's teardown that can abort a finished rank; unless
+    PYTHON_EXEC names another interpreter, which may not have this package."""
+    if args.module or args.no_python or args.run_path or env.get("PYTHON_EXEC"):
+        return
+    args.training_script_args = [args.training_script, *args.training_script_args]
+    args.training_script = SCRIPT_RUNNER
+    args.module = True
 
 
 if __name__ == "__main__":
