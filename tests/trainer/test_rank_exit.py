@@ -11,10 +11,10 @@ import pytest
 from ddp_trainer.contract import EXIT_PEER_LOST, EXIT_TEMPORARY
 from tests.trainer import support
 
-# Rank 1 ends as argv[1] says once the group is up; rank 0 waits in a collective until torchrun
-# stops it, as a healthy rank does when its peer dies.
+# Rank 1 ends as argv[1] says once the group is up; rank 0 waits until torchrun stops it (not in
+# a collective: gloo's would fail at once with its own exit 1, which is then a second failure).
 SCRIPT = """\
-import os, signal, sys
+import os, signal, sys, time
 import torch.distributed as dist
 
 dist.init_process_group("gloo")
@@ -26,7 +26,7 @@ if dist.get_rank() == 1:
     if how == "raise":
         raise ValueError("a bug in the program")
     os._exit(int(how))
-dist.barrier()
+time.sleep(600)
 """
 
 
