@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -245,13 +244,6 @@ def transcript_pattern(line: str) -> re.Pattern[str]:
     )
 
 
-# What a rank of a plain script prints when it aborts in the interpreter's teardown after it
-# finished (docs/design.md, `script.py`). kube-ddp's torchrun ends a script's ranks without
-# that teardown (ddp_trainer.script); the ranks that mp.spawn starts still go through it.
-EXIT_ABORT = "terminate called without an active exception"
-SPAWNS_ITS_RANKS = {"mp-spawn"}
-
-
 def assert_restarted_for(said: str, what: str) -> None:
     """A WorkerFailed event for `what`, with the pod's last line (its termination message),
     that restarted the group."""
@@ -264,23 +256,18 @@ def run_example(
     name: str, *flags: str, cache: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`kube-ddp run --local manifests/examples/<name>/job.yaml` from the repository's root, as
-    its comment says; it must succeed. Where the script's ranks are mp.spawn's, a failed run in
-    which a rank aborted at exit (EXIT_ABORT) is said as a warning and run once more."""
-    for attempt in (1, 2):
-        done = subprocess.run(
-            [KUBE_DDP, "run", "--local", *flags, f"manifests/examples/{name}/job.yaml"],
-            cwd=support.REPO,
-            # a run keeps its checkpoints under the cache (to resume): a test's own starts anew
-            env=support.clean_env(**({"XDG_CACHE_HOME": str(cache)} if cache else {})),
-            capture_output=True,
-            text=True,
-            timeout=support.RUN_TIMEOUT_S,
-            check=False,
-        )
-        aborted = EXIT_ABORT in done.stdout + done.stderr
-        if done.returncode == 0 or attempt == 2 or not aborted or name not in SPAWNS_ITS_RANKS:
-            break
-        warnings.warn(f"{name}: a rank aborted at exit ({EXIT_ABORT!r}); run again", stacklevel=2)
+    its comment says; it must succeed (no retry: a rank of a script that aborted in the
+    interpreter's teardown after its last step is what `ddp_trainer.script` prevents)."""
+    done = subprocess.run(
+        [KUBE_DDP, "run", "--local", *flags, f"manifests/examples/{name}/job.yaml"],
+        cwd=support.REPO,
+        # a run keeps its checkpoints under the cache (to resume): a test's own starts anew
+        env=support.clean_env(**({"XDG_CACHE_HOME": str(cache)} if cache else {})),
+        capture_output=True,
+        text=True,
+        timeout=support.RUN_TIMEOUT_S,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 

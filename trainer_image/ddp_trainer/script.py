@@ -10,7 +10,10 @@ or fails for nothing. Here the script's end is Python's up to that teardown: its
 threads joined, its atexit handlers run (logging's, multiprocessing's, weakref.finalize's),
 every file still open flushed, then the process exits with the script's exit code, as
 `errors.end_process` ends kube-ddp's own trainer. What the teardown alone would do, an object's
-`__del__` at exit, does not run.
+`__del__` at exit, does not run. The ranks a script starts itself with torch's `mp.spawn` end
+so too: once the script imports torch, the target each spawned process runs
+(`torch.multiprocessing.spawn._wrap`, private: its signature is checked before it is replaced,
+and pinned by tests/trainer/test_script.py) ends its process the same way.
 Standard library only: it runs in any image that has this package.
 """
 
@@ -19,18 +22,28 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import importlib
+import importlib.abc
+import importlib.util
+import inspect
 import io
 import os
 import runpy
 import sys
 import threading
-from collections.abc import Sequence
-from types import TracebackType
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType, TracebackType
+from typing import Any, NoReturn
 
 # What holds written bytes until flushed (a raw FileIO writes at once).
 BUFFERED = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
 EXIT_USAGE = 2  # what python exits with when it cannot open the script
+# torch's module whose `_wrap(fn, i, args, error_file)` each process of mp.spawn runs.
+SPAWN_MODULE = "torch.multiprocessing.spawn"
+SPAWN_TARGET = "_wrap"
+SPAWN_PARAMETERS = ("fn", "i", "args", "error_file")
+_REPLACED: dict[str, Callable[..., None]] = {}  # torch's own target, once replaced here
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -46,6 +59,7 @@ def run(script: str, args: Sequence[str]) -> int:
     """Run `script` as __main__ with `args`, as `python script args` would; its exit code."""
     sys.argv[:] = [script, *args]
     sys.path[0] = os.path.dirname(os.path.realpath(script))
+    sys.meta_path.insert(0, _SpawnedRanksEndCleanly())
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
@@ -76,6 +90,57 @@ def _from_script(tb: TracebackType | None, script: str) -> TracebackType | None:
     return at if at is not None else tb
 
 
+class _SpawnedRanksEndCleanly(importlib.abc.MetaPathFinder):
+    """Once torch's spawn module is imported, its processes' target is `spawned_rank`."""
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if name != SPAWN_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        loader: Any = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_replace(module: ModuleType) -> None:
+            exec_module(module)
+            replace_spawn_target(module)
+
+        loader.exec_module = exec_then_replace
+        return spec
+
+
+def replace_spawn_target(module: ModuleType) -> bool:
+    """Have each process `module` (torch's spawn) starts run `spawned_rank`, where its target
+    has the parameters this passes on; whether it did."""
+    original = getattr(module, SPAWN_TARGET, None)
+    try:
+        parameters = tuple(inspect.signature(original).parameters) if original else ()
+    except (TypeError, ValueError):
+        parameters = ()
+    if original is None or parameters != SPAWN_PARAMETERS:
+        return False
+    _REPLACED[SPAWN_TARGET] = original
+    setattr(module, SPAWN_TARGET, spawned_rank)
+    return True
+
+
+def spawned_rank(fn: Callable[..., None], i: int, args: tuple[Any, ...], error_file: str) -> None:
+    """A process of mp.spawn: torch's target, then this process ended as `end` ends it."""
+    # a spawned process imported torch afresh (its target is torch's); a forked one has this
+    original = _REPLACED.get(SPAWN_TARGET) or getattr(
+        importlib.import_module(SPAWN_MODULE), SPAWN_TARGET
+    )
+    try:
+        original(fn, i, args, error_file)
+    except SystemExit as exc:
+        end(exit_code(exc.code))
+    end(0)
+
+
 def end(code: int) -> NoReturn:
     """Python's exit up to its teardown, then exit `code`."""
     main_thread = threading.main_thread()
@@ -94,5 +159,5 @@ def end(code: int) -> NoReturn:
     os._exit(code)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the module by its name, whose functions a spawned process finds
+    importlib.import_module("ddp_trainer.script").main()
